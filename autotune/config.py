@@ -1,0 +1,249 @@
+"""The objects every part of the tuner passes around: a speculative config, a scenario, a measurement.
+
+They are plain frozen dataclasses with `to_dict`/`from_dict` so the store (which knows nothing of these types)
+keeps them as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from autotune.exceptions import ConfigError
+
+Method = Literal["none", "eagle3", "eagle", "draft_model"]
+METHODS: tuple[str, ...] = ("none", "eagle3", "eagle", "draft_model")
+
+#: vLLM allows any positive K, but nothing published serves beyond 16 and the drafters are trained for <= 10.
+MAX_K = 16
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One serving configuration: the drafter, its depth and the engine's batch limits."""
+
+    method: Method = "none"
+    """Speculative method as vLLM spells it; "none" serves without speculation (the baseline)."""
+    drafter: str | None = None
+    """Drafter model id or local path (None for the baseline)."""
+    num_speculative_tokens: int = 0
+    """K, the draft depth: tokens proposed per step per request. 0 for the baseline."""
+    parallel_drafting: bool = False
+    """Draft all K tokens in one drafter pass (P-EAGLE with eagle3, PARD with draft_model)."""
+    drafter_layers: int | None = None
+    """Number of layers of the drafter head (informational; it is a property of the drafter checkpoint)."""
+    max_num_seqs: int = 64
+    """vLLM's max_num_seqs: the most requests in one engine step."""
+    max_num_batched_tokens: int | None = None
+    """vLLM's max_num_batched_tokens (None: vLLM's default)."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {', '.join(METHODS)}, but got {self.method!r}.")
+        if self.method == "none":
+            if self.num_speculative_tokens != 0 or self.parallel_drafting or self.drafter:
+                raise ConfigError(
+                    "method='none' serves without speculation: it takes no drafter, K=0 and no parallel drafting, "
+                    f"but got drafter={self.drafter!r}, K={self.num_speculative_tokens}, "
+                    f"parallel_drafting={self.parallel_drafting}."
+                )
+        else:
+            if not self.drafter:
+                raise ConfigError(f"method={self.method!r} needs a drafter (model id or path).")
+            if not 1 <= self.num_speculative_tokens <= MAX_K:
+                raise ConfigError(
+                    f"K (num_speculative_tokens) must be in [1, {MAX_K}] for method={self.method!r}, but got "
+                    f"K={self.num_speculative_tokens}. Use method 'none' (K=0) for no speculation."
+                )
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, but got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be >= 1, but got {self.max_num_batched_tokens}.")
+
+    @property
+    def k(self) -> int:
+        return self.num_speculative_tokens
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+    def label(self) -> str:
+        """Short human label, e.g. ``eagle3+pd K=5 (4L) seqs=64``."""
+        if not self.speculative:
+            return f"no-spec seqs={self.max_num_seqs}"
+        pd = "+pd" if self.parallel_drafting else ""
+        layers = f" ({self.drafter_layers}L)" if self.drafter_layers else ""
+        return f"{self.method}{pd} K={self.k}{layers} seqs={self.max_num_seqs}"
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The dict vLLM takes as ``--speculative-config`` / ``LLM(speculative_config=...)``; None for no speculation."""
+        if not self.speculative:
+            return None
+        out: dict[str, Any] = {
+            "method": self.method,
+            "model": self.drafter,
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+        if self.parallel_drafting:
+            out["parallel_drafting"] = True
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpecConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"Unknown config keys {sorted(unknown)}; known keys are {sorted(known)}.")
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> SpecConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How load is offered: a fixed concurrency (closed loop) or a request rate (open loop)."""
+
+    concurrency: int = 1
+    """Requests in flight at once (closed loop); also the batch size the engine sees in steady state."""
+    request_rate: float | None = None
+    """Requests per second (open loop, serve mode); None means closed loop at `concurrency`."""
+    num_prompts: int | None = None
+    """Prompts to send in the measured phase (None: the backend's default)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, but got {self.concurrency}.")
+        if self.request_rate is not None and self.request_rate <= 0:
+            raise ConfigError(f"request_rate must be > 0, but got {self.request_rate}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a figure comes from. Every number the tool shows carries one."""
+
+    kind: Literal["measured", "predicted"]
+    backend: str
+    """"vllm" or "model"."""
+    device: str
+    """GPU name (e.g. "NVIDIA H200") or "cpu"; for predictions, the GPU assumed."""
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    profile: str | None = None
+    """For predictions: which acceptance profile/cost model was used (e.g. "published:mt-bench" or "profile#3")."""
+    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+
+    def describe(self) -> str:
+        if self.kind == "measured":
+            return f"measured on {self.device} (vLLM {self.vllm_version}, {self.date[:10]})"
+        return f"predicted by the {self.backend} backend for {self.device} from {self.profile}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Provenance:
+        return cls(**data)
+
+
+@dataclass
+class SpecCounters:
+    """Speculative-decoding counters over a measured phase (deltas of vLLM's cumulative metrics)."""
+
+    num_drafts: int = 0
+    """Draft proposals (one per request per step that speculated)."""
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    """accepted_per_position[i]: drafts whose token at position i+1 was accepted."""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per step per request, including the bonus token: ``1 + accepted / drafts``."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpecCounters:
+        return cls(**data)
+
+
+FailureKind = Literal["invalid_config", "out_of_memory", "engine_died", "timeout"]
+
+
+@dataclass
+class Measurement:
+    """The result of running (or predicting) one config on one workload at one scenario."""
+
+    config: SpecConfig
+    scenario: Scenario
+    provenance: Provenance
+    ok: bool = True
+    failure_kind: FailureKind | None = None
+    failure_reason: str | None = None
+    """One-line reason a user can act on; `log_tail` has the engine's last lines."""
+    log_tail: str | None = None
+    output_tokens_per_s: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p99: float | None = None
+    ttft_ms_p50: float | None = None
+    ttft_ms_p99: float | None = None
+    speedup_vs_no_spec: float | None = None
+    """Predicted backends fill this; measured ones leave it to the caller who has the baseline."""
+    spec: SpecCounters | None = None
+    spec_per_class: dict[str, SpecCounters] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(
+        cls,
+        config: SpecConfig,
+        scenario: Scenario,
+        provenance: Provenance,
+        kind: FailureKind,
+        reason: str,
+        log_tail: str | None = None,
+    ) -> Measurement:
+        return cls(
+            config=config,
+            scenario=scenario,
+            provenance=provenance,
+            ok=False,
+            failure_kind=kind,
+            failure_reason=reason,
+            log_tail=log_tail,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        data = dict(data)
+        data["config"] = SpecConfig.from_dict(data["config"])
+        data["scenario"] = Scenario.from_dict(data["scenario"])
+        data["provenance"] = Provenance.from_dict(data["provenance"])
+        if data.get("spec") is not None:
+            data["spec"] = SpecCounters.from_dict(data["spec"])
+        data["spec_per_class"] = {k: SpecCounters.from_dict(v) for k, v in data.get("spec_per_class", {}).items()}
+        return cls(**data)

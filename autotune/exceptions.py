@@ -1,0 +1,31 @@
+"""One root exception for peagle-tune, with specific children.
+
+Library code raises these; only the CLI turns them into `click.ClickException`s. Every message states the rule,
+the values and the fix.
+"""
+
+from __future__ import annotations
+
+
+class PeagleError(Exception):
+    """Root of every error peagle-tune raises on purpose."""
+
+
+class UsageError(PeagleError):
+    """The user asked for something invalid (unknown model or GPU, K out of range, bad option). CLI exit code 2."""
+
+
+class UnknownModelError(UsageError):
+    """A model, drafter or GPU name that is in no catalog and is not a local path."""
+
+
+class ConfigError(UsageError):
+    """A speculative configuration that vLLM would reject or that makes no sense (K out of range, ...)."""
+
+
+class WorkloadError(UsageError):
+    """A workload file that cannot be read or has a malformed record (message names file and line)."""
+
+
+class BackendUnavailableError(PeagleError):
+    """The requested backend cannot run here (for example vLLM is not installed)."""

@@ -1,0 +1,72 @@
+"""The Workload type: named classes of prompts with sampling parameters."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a workload: a prompt (or chat messages) and its sampling parameters."""
+
+    prompt: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
+    """OpenAI-style chat messages; used instead of `prompt` when given."""
+    max_tokens: int = 128
+    temperature: float = 0.0
+
+    def text(self) -> str:
+        """The prompt as plain text (chat messages joined role: content) for engines without a chat template."""
+        if self.prompt is not None:
+            return self.prompt
+        assert self.messages is not None
+        return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in self.messages)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        if self.prompt is not None:
+            d["prompt"] = self.prompt
+        if self.messages is not None:
+            d["messages"] = list(self.messages)
+        return d
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Named classes of requests. Acceptance is profiled per class (code accepts far more drafts than chat)."""
+
+    name: str
+    classes: dict[str, tuple[WorkloadRequest, ...]] = field(default_factory=dict)
+    source: str = ""
+    """Where it came from (builtin name, file path, dataset id)."""
+
+    @property
+    def class_names(self) -> list[str]:
+        return sorted(self.classes)
+
+    def requests(self) -> list[tuple[str, WorkloadRequest]]:
+        """All requests as (class, request), classes interleaved round-robin so any prefix mixes classes."""
+        out: list[tuple[str, WorkloadRequest]] = []
+        lists = [(c, list(self.classes[c])) for c in self.class_names]
+        i = 0
+        while any(i < len(reqs) for _, reqs in lists):
+            for c, reqs in lists:
+                if i < len(reqs):
+                    out.append((c, reqs[i]))
+            i += 1
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+    def content_hash(self) -> str:
+        """sha256 over the canonical JSON of classes and requests: same content, same hash, whatever the file name."""
+        canon = {c: [r.to_dict() for r in self.classes[c]] for c in self.class_names}
+        return hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()
+
+    def subset(self, per_class: int) -> Workload:
+        """The first `per_class` requests of every class."""
+        return Workload(self.name, {c: r[:per_class] for c, r in self.classes.items()}, self.source)
