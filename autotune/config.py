@@ -79,7 +79,7 @@ class SpecConfig:
         return f"{self.method}{pd} K={self.k}{layers} seqs={self.max_num_seqs}"
 
     def speculative_config(self) -> dict[str, Any] | None:
-        """The dict vLLM takes as ``--speculative-config`` / ``LLM(speculative_config=...)``; None for no speculation."""
+        """The dict vLLM takes as ``--speculative-config`` or ``LLM(speculative_config=...)``; None: no speculation."""
         if not self.speculative:
             return None
         out: dict[str, Any] = {

@@ -1,0 +1,198 @@
+"""Alembic, configured in code: the script folder ships inside the package, no alembic.ini.
+
+Our version table is `peagle_alembic_version` and the environment sees only ``peagle_`` tables, so Alembic never
+touches Optuna's tables (or its `alembic_version`) in a shared database.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, Engine, inspect
+
+from store._models import TABLE_PREFIX, VERSION_TABLE, Base
+from store._url import mask_password
+from store.exceptions import StaleSchemaError
+
+#: Folder with env.py, script.py.mako and versions/ (package data).
+SCRIPT_LOCATION = Path(__file__).resolve().parent / "migrations"
+
+
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Reflect only our tables (Alembic's `include_name` hook); everything inside them is ours."""
+    if type_ == "table":
+        return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+    return True
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Compare/migrate only our tables and what belongs to them (Alembic's `include_object` hook)."""
+    if type_ == "table":
+        return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+    table = getattr(obj, "table", None)
+    if table is not None:
+        return str(table.name).startswith(TABLE_PREFIX)
+    return True
+
+
+def context_options() -> dict[str, Any]:
+    """Keyword arguments for `alembic.context.configure` shared by env.py and the schema checks."""
+    return {
+        "target_metadata": Base.metadata,
+        "version_table": VERSION_TABLE,
+        "include_name": include_name,
+        "include_object": include_object,
+        "compare_type": True,
+        # SQLite cannot ALTER most things; batch mode rebuilds tables for future migrations.
+        "render_as_batch": True,
+    }
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    """An Alembic `Config` pointing at the packaged migrations; `connection` is used by env.py when given."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+    if url is not None:
+        # ConfigParser interpolates '%': escape it (URL-encoded passwords contain it).
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The schema revision this peagle-tune writes (the single Alembic head)."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:  # a packaging bug, not a user error
+        raise RuntimeError(f"peagle-tune's migrations must have exactly one head, but found {heads}.")
+    return heads[0]
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision recorded in `peagle_alembic_version`, or None if there is none."""
+    heads = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_heads()
+    if not heads:
+        return None
+    if len(heads) > 1:
+        return ",".join(sorted(heads))
+    return heads[0]
+
+
+def our_tables(connection: Connection) -> list[str]:
+    """Names of our tables in the database (without the version table)."""
+    names = inspect(connection).get_table_names()
+    return sorted(n for n in names if n.startswith(TABLE_PREFIX) and n != VERSION_TABLE)
+
+
+def schema_differences(connection: Connection) -> list[Any]:
+    """Alembic's autogenerate diff between the database's ``peagle_`` tables and the models (empty: they match)."""
+    ctx = MigrationContext.configure(connection, opts=context_options())
+    return list(compare_metadata(ctx, Base.metadata))
+
+
+class SchemaState(enum.Enum):
+    FRESH = "fresh"  # none of our tables: create at head
+    CURRENT = "current"  # at head
+    OLDER = "older"  # a known revision before head: `peagle-tune db upgrade`
+    NEWER = "newer"  # an unknown revision, written by a newer peagle-tune
+    UNVERSIONED = "unversioned"  # our tables but no revision row
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    state: SchemaState
+    current: str | None
+    head: str
+    tables: tuple[str, ...]
+
+
+def schema_status(connection: Connection) -> SchemaStatus:
+    """Classify the database's peagle schema relative to this peagle-tune's head revision."""
+    head = head_revision()
+    current = current_revision(connection)
+    tables = tuple(our_tables(connection))
+    if current is None:
+        state = SchemaState.UNVERSIONED if tables else SchemaState.FRESH
+    elif current == head:
+        state = SchemaState.CURRENT
+    elif _is_known(current):
+        state = SchemaState.OLDER
+    else:
+        state = SchemaState.NEWER
+    return SchemaStatus(state=state, current=current, head=head, tables=tables)
+
+
+def _is_known(revision: str) -> bool:
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        return all(script.get_revision(r) is not None for r in revision.split(","))
+    except CommandError:
+        return False
+
+
+def _package_version() -> str:
+    try:
+        return importlib_metadata.version("peagle-tune")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def stale_schema_message(status: SchemaStatus, url: str) -> str:
+    """The user-facing explanation of a schema this peagle-tune cannot use, with the command that fixes it."""
+    masked = mask_password(url)
+    upgrade_cmd = f"Please run `peagle-tune db upgrade --db {masked}`."
+    version = _package_version()
+    if status.state is SchemaState.OLDER:
+        return (
+            f"The peagle-tune tables in {masked} are at schema revision {status.current!r}, but peagle-tune "
+            f"{version} needs revision {status.head!r}. {upgrade_cmd}"
+        )
+    if status.state is SchemaState.NEWER:
+        return (
+            f"The peagle-tune tables in {masked} are at schema revision {status.current!r}, which peagle-tune "
+            f"{version} does not know (its newest is {status.head!r}): a newer peagle-tune wrote this database. "
+            "Please upgrade peagle-tune (`pip install -U peagle-tune`), or use another database with --db or "
+            "PEAGLE_DB."
+        )
+    shown = ", ".join(status.tables[:3]) + (", ..." if len(status.tables) > 3 else "")
+    return (
+        f"{masked} has peagle-tune tables ({shown}) but no schema revision in {VERSION_TABLE}. {upgrade_cmd} "
+        "It records the revision when the tables match this peagle-tune's schema and otherwise says what differs."
+    )
+
+
+def upgrade_engine(engine: Engine, url: str) -> str:
+    """Bring the database to the head revision; returns the head. Optuna's tables are never touched.
+
+    A database with our tables but no revision row is stamped at head if its tables match the models exactly;
+    otherwise `StaleSchemaError` lists the differences. A newer (unknown) revision raises `StaleSchemaError`.
+    """
+    with engine.begin() as connection:
+        status = schema_status(connection)
+        if status.state is SchemaState.NEWER:
+            raise StaleSchemaError(stale_schema_message(status, url))
+        cfg = alembic_config(connection=connection)
+        if status.state is SchemaState.UNVERSIONED:
+            diffs = schema_differences(connection)
+            if diffs:
+                shown = "; ".join(repr(d) for d in diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
+                raise StaleSchemaError(
+                    f"Cannot upgrade {mask_password(url)}: it has peagle-tune tables without a schema revision in "
+                    f"{VERSION_TABLE}, and they differ from revision {status.head!r} ({len(diffs)} differences: "
+                    f"{shown}). Move this database aside and start a new one (--db or PEAGLE_DB), or restore its "
+                    f"{VERSION_TABLE} table from a backup."
+                )
+            command.stamp(cfg, "head")
+        elif status.state is not SchemaState.CURRENT:
+            command.upgrade(cfg, "head")
+    return status.head

@@ -1,0 +1,31 @@
+"""Errors the store raises. `StoreError` is the root; the CLI turns them into messages.
+
+`store` depends on nothing else of peagle-tune, so `StoreError` does not derive from `autotune`'s `PeagleError`;
+the CLI catches both roots. SQLAlchemy errors are translated in one place (`Store._session`), never leaked.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of every error the store raises on purpose."""
+
+
+class StaleSchemaError(StoreError):
+    """The database schema is not the one this peagle-tune uses (older, newer or unrecognised).
+
+    The message says what to run: `peagle-tune db upgrade --db <url>` for an older schema, upgrading peagle-tune
+    for a newer one.
+    """
+
+
+class NotFoundError(StoreError, LookupError):
+    """No record with the requested id or name."""
+
+
+class DatabaseUnavailableError(StoreError):
+    """The database cannot be opened or reached (bad URL, missing driver, server down, file not writable, locked)."""
+
+
+class InvalidRecordError(StoreError, ValueError):
+    """A value passed to the store breaks a rule of the schema (unknown status, NaN in JSON, malformed acceptance)."""
