@@ -76,24 +76,23 @@ def build_space(options: SearchOptions, drafters: list[DrafterChoice], concurren
     )
 
 
-def _drafter_choices(model_name: str, names: list[str]) -> list[DrafterChoice]:
+def _drafter_specs(model_name: str, names: list[str]) -> list[Any]:
     from autotune.catalogs import drafters_for, get_drafter
 
     specs = [get_drafter(n, target=model_name) for n in names] if names else drafters_for(model_name)
     if not specs:
-        raise UsageError(
-            f"The catalog has no drafter for {model_name!r}; pass one with --drafter ID_OR_PATH."
-        )
-    return [
-        DrafterChoice(
-            name=s.local_path or s.name,
-            method=s.method,
-            layers=s.num_layers,
-            parallel_capable=s.parallel_drafting,
-            recommended_k=s.recommended_k,
-        )
-        for s in specs
-    ]
+        raise UsageError(f"The catalog has no drafter for {model_name!r}; pass one with --drafter ID_OR_PATH.")
+    return specs
+
+
+def _choice(spec: Any) -> DrafterChoice:
+    return DrafterChoice(
+        name=str(spec.local_path or spec.name),
+        method=spec.method,
+        layers=spec.num_layers,
+        parallel_capable=spec.parallel_drafting,
+        recommended_k=spec.recommended_k,
+    )
 
 
 def run_search(store: Store, options: SearchOptions, console: Console, as_json: bool = False) -> list[ScenarioResult]:
@@ -125,7 +124,22 @@ def run_search(store: Store, options: SearchOptions, console: Console, as_json: 
         if options.gpu:
             notes.append(f"--gpu {options.gpu} ignored: the vLLM backend measures on this machine ({device}).")
         backend = VLLMBackend(model=str(spec.local_path))
-    drafters = _drafter_choices(spec.name, options.drafters)
+    specs = _drafter_specs(spec.name, options.drafters)
+    if kind == "model":
+        # The model backend predicts acceptance from published figures; a drafter without any cannot be ranked.
+        unranked = [d.name for d in specs if not d.reference_acceptance]
+        specs = [d for d in specs if d.reference_acceptance]
+        if unranked:
+            notes.append(
+                f"Skipped {', '.join(unranked)}: no published acceptance to predict from "
+                "(profile them on a GPU with `--backend vllm`)."
+            )
+        if not specs:
+            raise UsageError(
+                f"No drafter of {spec.name} has published acceptance figures, so nothing can be predicted. "
+                "Run with `--backend vllm` on a machine that can load the model."
+            )
+    drafters = [_choice(d) for d in specs]
     notes.insert(0, f"Backend: {kind} ({why}).")
     for n in notes:
         console.print(f"[bold]{n}[/bold]")
@@ -188,15 +202,16 @@ def _fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
 def results_table(results: list[ScenarioResult], model: str, workload: str, objective: str) -> Table:
     kinds = {r.best.provenance.kind for r in results}
     title = f"{model} on {workload}: best config per concurrency ({objective}; {'/'.join(sorted(kinds))})"
-    table = Table(title=title)
-    for col in ("concurrency", "best config", "tokens/s", "TPOT ms", "vs no spec", "vs published K", "trials"):
+    table = Table(title=title, caption="drafters: " + ", ".join(sorted({str(r.best.config.drafter) for r in results
+                                                                       if r.best.config.drafter})) or None)
+    for col in ("conc.", "best config", "tokens/s", "TPOT ms", "vs no spec", "vs pub. K", "trials"):
         table.add_column(col, justify="left" if col == "best config" else "right")
     for r in results:
         pub = r.speedup_over(r.published)
         pub_label = "-" if r.published is None else f"{_fmt(pub, '.2f', 'x')} (K={r.published.config.k})"
         table.add_row(
             str(r.scenario.concurrency),
-            r.best.config.label() + (f" [{r.best.config.drafter}]" if r.best.config.drafter else ""),
+            r.best.config.label(),
             _fmt(r.best.output_tokens_per_s),
             _fmt(r.best.tpot_ms_p50, ".2f"),
             _fmt(r.speedup_over(r.baseline), ".2f", "x"),

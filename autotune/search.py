@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -99,7 +100,7 @@ class Search:
             self.study_prefix = default_study_prefix(self.model, self.device, self.workload.name, self.objective)
 
     @property
-    def direction(self) -> str:
+    def direction(self) -> Literal["maximize", "minimize"]:
         return "maximize" if self.objective == "throughput" else "minimize"
 
     def measure(self, config: SpecConfig, scenario: Scenario) -> Measurement:
@@ -111,8 +112,13 @@ class Search:
 
     def run_scenario(self, scenario: Scenario, on_trial: TrialCallback | None = None) -> ScenarioResult:
         study_name = study_name_for(str(self.study_prefix), scenario)
-        storage = optuna.storages.RDBStorage(self.store.url, heartbeat_interval=60, grace_period=120)
-        sampler = optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            # heartbeat (stale RUNNING trials of a killed worker become FAIL) and grouped multivariate TPE
+            # (conditional space) are stable in practice but flagged experimental.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(self.store.url, heartbeat_interval=60, grace_period=120)
+            sampler = optuna.samplers.TPESampler(seed=self.seed, multivariate=True, group=True)
         study = optuna.create_study(
             study_name=study_name, storage=storage, sampler=sampler, direction=self.direction, load_if_exists=True
         )
@@ -163,7 +169,6 @@ class Search:
             return values[self.objective]
 
         if remaining:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
             study.optimize(objective, n_trials=remaining, catch=(_TrialFailed,))
 
         complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -174,8 +179,7 @@ class Search:
                 f"Every trial of study {study_name!r} failed ({len(failed)} trials): {'; '.join(reasons)[:500]}. "
                 "Fix the cause above (see `peagle-tune show --trials " + study_name + "`) and run again."
             )
-        best_trial = study.best_trial
-        best_config = SpecConfig.from_dict(best_trial.user_attrs["config"])
+        best_config = self._pick_best(complete, scenario)
         best = self.measure(best_config, scenario)
         baseline = self.measure(SpecConfig(max_num_seqs=best_config.max_num_seqs), scenario)
         published = self._published(best_config, scenario)
@@ -192,6 +196,18 @@ class Search:
             result.schedule = self.schedule(best_config)
             result.class_policy = self.class_policy(best_config, scenario)
         return result
+
+    def _pick_best(self, complete: list[optuna.trial.FrozenTrial], scenario: Scenario) -> SpecConfig:
+        """The best trial; among ties (within 0.1%) the smallest K, then max_num_seqs closest to the concurrency,
+        which serve the same with less verification work and memory."""
+        sign = 1.0 if self.direction == "maximize" else -1.0
+        top = max(sign * float(t.value) for t in complete if t.value is not None)
+        tied = [
+            SpecConfig.from_dict(t.user_attrs["config"])
+            for t in complete
+            if t.value is not None and sign * float(t.value) >= top - abs(top) * 1e-3
+        ]
+        return min(tied, key=lambda c: (c.k, abs(c.max_num_seqs - scenario.concurrency), c.max_num_seqs))
 
     def _published(self, best: SpecConfig, scenario: Scenario) -> Measurement | None:
         if not best.speculative or best.drafter not in self.space.names:

@@ -79,11 +79,10 @@ class SearchSpace:
         choices = ([NO_SPEC] if self.include_baseline else []) + [d.name for d in self.drafters]
         name = trial.suggest_categorical("drafter", choices)
         seqs = trial.suggest_categorical("max_num_seqs", list(self.max_num_seqs))
-        mnbt = None
+        mnbt: int | None = self.max_num_batched_tokens[0]
         if len(self.max_num_batched_tokens) > 1:
-            mnbt = trial.suggest_categorical("max_num_batched_tokens", list(self.max_num_batched_tokens))
-        else:
-            mnbt = self.max_num_batched_tokens[0]
+            picked = trial.suggest_categorical("max_num_batched_tokens", list(self.max_num_batched_tokens))
+            mnbt = None if picked is None else int(picked)
         if name == NO_SPEC:
             return SpecConfig(max_num_seqs=int(seqs), max_num_batched_tokens=mnbt)
         drafter = self.names[str(name)]

@@ -1,1 +1,52 @@
-"""store"""
+"""peagle-tune's store: profiles, trials and recommendations in SQLite (PostgreSQL for fleets).
+
+Tables are named ``peagle_*`` and versioned by Alembic in `peagle_alembic_version`, so Optuna can keep its study
+in the same database (``optuna.create_study(storage=store.url)``). Configs and metrics are stored as JSON dicts.
+"""
+
+from __future__ import annotations
+
+from store._migrate import head_revision
+from store._records import (
+    DrafterRecord,
+    EnvironmentRecord,
+    ModelRecord,
+    ProfileRecord,
+    RecommendationRecord,
+    StudySummary,
+    TrialRecord,
+    WorkloadRecord,
+)
+from store._store import Store, default_direction, upgrade
+from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
+from store.exceptions import (
+    DatabaseUnavailableError,
+    InvalidRecordError,
+    NotFoundError,
+    StaleSchemaError,
+    StoreError,
+)
+
+__all__ = [
+    "DB_ENV_VAR",
+    "DatabaseUnavailableError",
+    "DrafterRecord",
+    "EnvironmentRecord",
+    "InvalidRecordError",
+    "ModelRecord",
+    "NotFoundError",
+    "ProfileRecord",
+    "RecommendationRecord",
+    "StaleSchemaError",
+    "Store",
+    "StoreError",
+    "StudySummary",
+    "TrialRecord",
+    "WorkloadRecord",
+    "default_db_url",
+    "default_direction",
+    "head_revision",
+    "mask_password",
+    "normalize_db_url",
+    "upgrade",
+]

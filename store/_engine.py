@@ -15,7 +15,7 @@ from store.exceptions import DatabaseUnavailableError
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _DRIVER_INSTALL_HINTS = {
-    "postgresql": "pip install 'peagle-tune[postgres]'  (installs psycopg2-binary)",
+    "postgresql": "pip install 'peagle-tune[postgres]'  (installs psycopg 3; use a postgresql:// or postgresql+psycopg:// URL)",
     "mysql": "pip install pymysql  (and use a mysql+pymysql:// URL)",
 }
 

@@ -7,6 +7,7 @@ touches Optuna's tables (or its `alembic_version`) in a shared database.
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -18,7 +19,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, Engine, inspect, text
 
 from store._models import TABLE_PREFIX, VERSION_TABLE, Base
 from store._url import mask_password
@@ -26,6 +27,11 @@ from store.exceptions import StaleSchemaError
 
 #: Folder with env.py, script.py.mako and versions/ (package data).
 SCRIPT_LOCATION = Path(__file__).resolve().parent / "migrations"
+
+# Alembic's `context` proxy is a module global: one migration at a time per process.
+_MIGRATION_LOCK = threading.Lock()
+# Key of the PostgreSQL advisory lock that serialises schema changes between processes ("peagle" in ASCII).
+_PG_ADVISORY_LOCK_KEY = 0x706561676C65
 
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
@@ -100,6 +106,33 @@ def schema_differences(connection: Connection) -> list[Any]:
     return list(compare_metadata(ctx, Base.metadata))
 
 
+_DIFF_LABELS = {
+    "add_table": "missing table",
+    "remove_table": "unexpected table",
+    "add_column": "missing column",
+    "remove_column": "unexpected column",
+    "add_index": "missing index",
+    "remove_index": "unexpected index",
+    "add_constraint": "missing constraint",
+    "remove_constraint": "unexpected constraint",
+    "add_fk": "missing foreign key",
+    "remove_fk": "unexpected foreign key",
+}
+
+
+def describe_difference(diff: Any) -> str:
+    """One Alembic autogenerate diff entry in words, e.g. "missing table peagle_trials" ("missing": in the models,
+    not in the database)."""
+    if isinstance(diff, list):  # modify_* entries come grouped per column
+        return "; ".join(describe_difference(d) for d in diff)
+    op = str(diff[0])
+    if op in ("add_column", "remove_column"):
+        return f"{_DIFF_LABELS[op]} {diff[2]}.{diff[3].name}"
+    if op.startswith("modify_"):
+        return f"{op.removeprefix('modify_')} of {diff[2]}.{diff[3]} differs"
+    return f"{_DIFF_LABELS.get(op, op)} {getattr(diff[1], 'name', diff[1])}"
+
+
 class SchemaState(enum.Enum):
     FRESH = "fresh"  # none of our tables: create at head
     CURRENT = "current"  # at head
@@ -171,13 +204,28 @@ def stale_schema_message(status: SchemaStatus, url: str) -> str:
     )
 
 
+def _lock_schema(connection: Connection) -> None:
+    """Serialise schema changes between processes for the rest of this transaction.
+
+    SQLite: BEGIN IMMEDIATE takes the write lock (waiting up to busy_timeout) and makes the DDL one atomic
+    transaction, so another process never sees half-created tables. PostgreSQL: a transaction advisory lock.
+    """
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_ADVISORY_LOCK_KEY})
+
+
 def upgrade_engine(engine: Engine, url: str) -> str:
     """Bring the database to the head revision; returns the head. Optuna's tables are never touched.
 
     A database with our tables but no revision row is stamped at head if its tables match the models exactly;
     otherwise `StaleSchemaError` lists the differences. A newer (unknown) revision raises `StaleSchemaError`.
+    Safe to run from several processes at once: the state is read under a lock and the change is atomic.
     """
-    with engine.begin() as connection:
+    with _MIGRATION_LOCK, engine.begin() as connection:
+        _lock_schema(connection)
         status = schema_status(connection)
         if status.state is SchemaState.NEWER:
             raise StaleSchemaError(stale_schema_message(status, url))
@@ -185,7 +233,7 @@ def upgrade_engine(engine: Engine, url: str) -> str:
         if status.state is SchemaState.UNVERSIONED:
             diffs = schema_differences(connection)
             if diffs:
-                shown = "; ".join(repr(d) for d in diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
+                shown = "; ".join(describe_difference(d) for d in diffs[:5]) + ("; ..." if len(diffs) > 5 else "")
                 raise StaleSchemaError(
                     f"Cannot upgrade {mask_password(url)}: it has peagle-tune tables without a schema revision in "
                     f"{VERSION_TABLE}, and they differ from revision {status.head!r} ({len(diffs)} differences: "

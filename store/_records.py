@@ -35,7 +35,7 @@ class EnvironmentRecord(_Record):
 
     id: int
     device: str
-    """"cpu" or the GPU name (e.g. "NVIDIA H200")."""
+    """The GPU name (e.g. "NVIDIA H200"), or "cpu"."""
     gpu_count: int
     driver: str | None
     vllm_version: str | None
@@ -95,7 +95,7 @@ class ProfileRecord(_Record):
     cost_model: dict[str, Any] | None
     """Fitted step-cost model parameters (predicted T(B, K)), or None."""
     kind: str
-    """"measured" (offline profiling run) or "live" (collected while serving)."""
+    """Either "measured" (offline profiling run) or "live" (collected while serving)."""
     notes: dict[str, Any]
     environment_id: int
     device: str
@@ -123,10 +123,10 @@ class TrialRecord(_Record):
     """Objective values, e.g. {"throughput": 812.5} in the objective's unit (tokens/s, ms)."""
     metrics: dict[str, Any]
     status: str
-    """"complete", "failed", "pruned" or "running"."""
+    """One of "complete", "failed", "pruned", "running"."""
     failure_reason: str | None
     backend: str
-    """"vllm" (measured) or "model" (predicted)."""
+    """Either "vllm" (measured) or "model" (predicted)."""
     provenance: dict[str, Any]
     created_at: dt.datetime
 

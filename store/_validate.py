@@ -16,15 +16,38 @@ from store.exceptions import InvalidRecordError
 
 
 def json_value(field: str, value: Any) -> Any:
-    """`value` after a strict JSON round trip; `InvalidRecordError` names the field when it is not JSON."""
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    """`value` after a strict JSON round trip; `InvalidRecordError` names the offending item when it is not JSON."""
+    problem = _first_non_json(value, field)
+    if problem is not None:
+        where, item = problem
         raise InvalidRecordError(
-            f"{field} must be JSON (dict, list, str, int, finite float, bool, None), but {exc}. Convert "
-            "dataclasses with .to_dict() and replace NaN/inf with None."
-        ) from exc
-    return json.loads(text)
+            f"{where} must be JSON (dict, list, str, int, finite float, bool, None), but it is {item!r:.80} "
+            f"({type(item).__name__}). Convert dataclasses with .to_dict() and replace NaN/inf with None."
+        )
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+def _first_non_json(value: Any, where: str) -> tuple[str, Any] | None:
+    """(path, item) of the first item `json.dumps(allow_nan=False)` would reject, or None."""
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str | int | float | bool) and key is not None:
+                return (f"{where} key", key)
+            found = _first_non_json(item, f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _first_non_json(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return (where, value)
 
 
 def json_dict(field: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -149,21 +172,23 @@ def step_costs(value: Any) -> list[dict[str, Any]]:
         integer(f"{where}['batch_size']", entry.get("batch_size"), minimum=1)
         integer(f"{where}['depth']", entry.get("depth"), minimum=0)
         integer(f"{where}['n']", entry.get("n"), minimum=1)
-        step_ms = entry.get("step_ms")
-        if not _is_number(step_ms) or step_ms < 0:
+        step_ms: Any = entry.get("step_ms")
+        if not (_is_number(step_ms) and step_ms >= 0):
             raise InvalidRecordError(f"{where}['step_ms'] must be a finite number of ms >= 0, but got {step_ms!r}.")
     return data
 
 
 def objective_values(value: Mapping[str, Any] | None) -> dict[str, float]:
     """{objective: finite number}."""
-    data = json_dict("values", value)
-    for key, number in data.items():
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidRecordError(f"values must be a dict {{objective: number}}, but got {value!r:.80}.")
+    for key, number in (value or {}).items():
         if not _is_number(number):
             raise InvalidRecordError(
                 f"values[{key!r}] must be a finite number, but got {number!r}. Record a failed trial with "
                 "status='failed' and no value instead."
             )
+    data = json_dict("values", value)
     return {k: float(v) for k, v in data.items()}
 
 

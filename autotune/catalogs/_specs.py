@@ -60,7 +60,9 @@ class ModelSpec:
     total_params_b: float
     """All parameters, billions."""
     active_params_b: float
-    """Parameters one token's forward pass reads (top-k experts only), billions."""
+    """Parameters active per token (top-k experts only), billions, as the publisher counts them: gpt-oss counts the
+    unembedding but not the embedding table, Qwen and Llama count both. `derived_params().active_b` gives the
+    weights a decode step actually reads (embedding lookups excluded)."""
     expert_params_b: float
     """Routed-expert parameters of all experts of all layers, billions (0 for dense)."""
     weight_format: str

@@ -155,9 +155,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_peagle_recommendations")),
     )
     for column in ("model", "workload_hash"):
-        op.create_index(
-            op.f(f"ix_peagle_recommendations_{column}"), "peagle_recommendations", [column], unique=False
-        )
+        op.create_index(op.f(f"ix_peagle_recommendations_{column}"), "peagle_recommendations", [column], unique=False)
 
 
 def downgrade() -> None:

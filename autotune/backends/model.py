@@ -1,0 +1,558 @@
+"""The model backend: PREDICTS how a speculative config serves a workload, with no GPU and no vLLM.
+
+Step time T(B, K) comes from the roofline in `autotune.backends._roofline` (or from a fitted `StepCostModel`
+when one is given: "predicts from a stored profile"); acceptance AL(K) comes from the drafter's published
+reference acceptance for each workload class (or from measured `AcceptanceProfile`s when given). Then, for a
+batch of B requests verifying K drafts each:
+
+- output tokens/s = ``B * AL(K) / T(B, K) * 1000``;
+- TPOT = ``T(B, K) / AL(K)`` ms (every request in the batch gains AL tokens per step);
+- speedup_vs_no_spec = tokens/s / tokens/s of the same batch at K = 0 (method "none").
+
+Every `Measurement` it returns says ``Provenance(kind="predicted", backend="model", ...)`` with the acceptance
+source and the step-cost source in ``profile``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autotune.backends._roofline import (
+    Calibration,
+    MemoryBudget,
+    RooflineParams,
+    StepTime,
+    expected_distinct_experts,
+    fit_calibration,
+    memory_budget,
+    prefill_ms,
+    request_kv_bytes,
+    scaled_gpu,
+    step_time,
+)
+from autotune.backends.base import Backend
+from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec, default_gpu, get_drafter, get_gpu, resolve_model
+from autotune.config import MAX_K, Measurement, Provenance, Scenario, SpecConfig
+from autotune.exceptions import ConfigError, PeagleError, UsageError
+from autotune.workloads import REFERENCE_FOR_CLASS, Workload
+from policies import AcceptanceProfile
+
+__all__ = [
+    "Calibration",
+    "ModelBackend",
+    "RooflineParams",
+    "StepCostPredictor",
+    "StepTime",
+    "WorkloadShape",
+    "fit_calibration",
+]
+
+
+class StepCostPredictor(Protocol):
+    """What the backend needs of a fitted step-cost model (`policies.StepCostModel` has it)."""
+
+    def predict(self, batch_size: int, depth: int) -> float:
+        """Step time in ms of B requests verifying `depth` drafts each."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """What the prediction needs of a workload: request counts, mean output per class and token lengths.
+
+    Prompt lengths are estimated from text (``chars / RooflineParams.chars_per_token``); output lengths are the
+    requests' ``max_tokens`` (a request is assumed to generate all of them).
+    """
+
+    requests_by_class: dict[str, int]
+    output_tokens_by_class: dict[str, float]
+    prompt_tokens: float
+    """Mean prompt length, tokens."""
+    output_tokens: float
+    """Mean output length, tokens."""
+    max_prompt_tokens: int
+    max_output_tokens: int
+
+    @property
+    def context_tokens(self) -> float:
+        """Mean context of a decoding request: prompt plus half the output (tokens)."""
+        return self.prompt_tokens + self.output_tokens / 2.0
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.max_prompt_tokens + self.max_output_tokens
+
+    @classmethod
+    def of(cls, workload: Workload, params: RooflineParams) -> WorkloadShape:
+        counts: dict[str, int] = {}
+        outputs: dict[str, float] = {}
+        prompts: list[float] = []
+        outs: list[int] = []
+        for name, requests in workload.classes.items():
+            if not requests:
+                continue
+            counts[name] = len(requests)
+            outputs[name] = sum(r.max_tokens for r in requests) / len(requests)
+            prompts.extend(max(len(r.text()) / params.chars_per_token, 1.0) for r in requests)
+            outs.extend(r.max_tokens for r in requests)
+        if not prompts:
+            # An empty workload still has a class mix (names only): assume the default lengths.
+            names = list(workload.classes) or ["chat"]
+            default_out = float(params.default_output_tokens)
+            return cls(
+                {c: 1 for c in names},
+                {c: default_out for c in names},
+                float(params.default_prompt_tokens),
+                default_out,
+                params.default_prompt_tokens,
+                params.default_output_tokens,
+            )
+        return cls(
+            counts,
+            outputs,
+            sum(prompts) / len(prompts),
+            sum(outs) / len(outs),
+            int(math.ceil(max(prompts))),
+            max(outs),
+        )
+
+
+@dataclass
+class _Acceptance:
+    """AL(K) of a workload: per-class profiles, their sources, and the token weights used to mix them."""
+
+    profiles: dict[str, AcceptanceProfile]
+    sources: dict[str, str]
+    token_weights: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+    def by_class(self, k: int) -> dict[str, float]:
+        return {c: p.acceptance_length(k) for c, p in self.profiles.items()}
+
+    def length(self, k: int) -> float:
+        """Mixed AL(K): total output tokens / total request-steps.
+
+        A class c with token share w_c needs w_c / AL_c(K) request-steps per output token, so
+        ``AL = sum_c w_c / sum_c (w_c / AL_c)`` -- the token-weighted harmonic mean. It equals averaging the
+        survival curves with weights = each class's share of drafts (`policies.mix`): a class that accepts more
+        finishes its requests in fewer steps and so holds fewer batch slots.
+        Example: chat AL 2 and code AL 4 with equal tokens -> 2 / (1/2 + 1/4) = 2.67, not 3.
+        """
+        if k == 0:
+            return 1.0
+        als = self.by_class(k)
+        total = sum(self.token_weights.values())
+        return total / sum(w / als[c] for c, w in self.token_weights.items())
+
+    def label(self) -> str:
+        return ", ".join(sorted(set(self.sources.values())))
+
+
+class ModelBackend(Backend):
+    """Predicts (never measures) step time, acceptance, tokens/s, TPOT, TTFT and speedup for a model on a GPU.
+
+    Args:
+        model: catalog name, local path or `ModelSpec` of the target.
+        gpu: catalog name or `GPUSpec`; None: the catalog's default GPU.
+        drafters: drafter specs to resolve `SpecConfig.drafter` against before the catalog (e.g. local heads).
+        params: roofline constants (`RooflineParams`).
+        calibration: correction fitted from measured steps (`fit_calibration`); None: the raw roofline.
+        acceptance: class name -> measured `AcceptanceProfile`, overriding the published reference for those
+            classes (other classes keep the published one).
+        cost_model: a fitted step-cost model (e.g. `policies.StepCostModel` from a stored profile); when given it
+            replaces the roofline for T(B, K) and `calibration` is not applied.
+        tp: tensor-parallel GPUs (memory, bandwidth and compute add up; communication is not modelled).
+        acceptance_drafter: the drafter `acceptance` was measured with; None: it applies to every drafter.
+        profile_label: how `acceptance` is named in provenance, e.g. "measured profile #3".
+        context_tokens: mean decoding context (tokens) to assume instead of the workload's prompt + output / 2.
+    """
+
+    name = "model"
+
+    def __init__(
+        self,
+        model: ModelSpec | str,
+        gpu: GPUSpec | str | None = None,
+        drafters: Sequence[DrafterSpec] | None = None,
+        params: RooflineParams | None = None,
+        calibration: Calibration | None = None,
+        acceptance: Mapping[str, AcceptanceProfile] | None = None,
+        cost_model: StepCostPredictor | None = None,
+        *,
+        tp: int = 1,
+        acceptance_drafter: str | None = None,
+        profile_label: str | None = None,
+        context_tokens: float | None = None,
+    ) -> None:
+        self.model = resolve_model(model)
+        base_gpu = get_gpu(gpu) if isinstance(gpu, str) else (gpu or default_gpu())
+        self.tp = tp
+        self._base_gpu = base_gpu
+        self.gpu = scaled_gpu(base_gpu, tp)
+        self.drafters = list(drafters or [])
+        self.params = params or RooflineParams()
+        self.calibration = calibration
+        self.acceptance = dict(acceptance or {})
+        self.acceptance_drafter = acceptance_drafter
+        self.profile_label = profile_label or "measured acceptance profile"
+        self.cost_model = cost_model
+        if context_tokens is not None and context_tokens < 0:
+            raise UsageError(f"context_tokens must be >= 0, but got {context_tokens}.")
+        self.context_tokens = context_tokens
+
+    # ---- public helpers --------------------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """The GPU the predictions assume (display name)."""
+        return self.gpu.display_name
+
+    @property
+    def step_cost_source(self) -> str:
+        if self.cost_model is not None:
+            return "fitted cost model"
+        if self.calibration is not None and not self.calibration.is_identity:
+            return "calibrated roofline"
+        return "roofline"
+
+    def drafter_for(self, config: SpecConfig) -> DrafterSpec:
+        """The drafter spec of a speculative config (its layer variant when `drafter_layers` differs).
+
+        Raises ConfigError/UnknownModelError when the drafter is unknown, trained for another target, or
+        incompatible with the config's method or parallel drafting.
+        """
+        if not config.speculative or not config.drafter:
+            raise ConfigError(f"config {config.label()} does not speculate: it has no drafter.")
+        drafter = self._find_drafter(config.drafter)
+        if config.drafter_layers is not None and config.drafter_layers != drafter.num_layers:
+            try:
+                drafter = drafter.with_layers(config.drafter_layers)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if drafter.method != config.method:
+            raise ConfigError(
+                f"drafter {drafter.name} is a {drafter.method!r} head, but the config asks for method="
+                f"{config.method!r}; vLLM loads it only with method={drafter.method!r}."
+            )
+        if config.parallel_drafting and not drafter.parallel_drafting:
+            raise ConfigError(
+                f"parallel_drafting=True needs a drafter with a mask token (pard_token, mask_token_id or "
+                f"ptd_token_id in its config.json), but {drafter.name} has none. Use parallel_drafting=False "
+                "or a P-EAGLE head."
+            )
+        return drafter
+
+    def acceptance_length(self, config: SpecConfig, workload: Workload) -> float:
+        """Predicted mean acceptance length AL(K) of `config` on `workload` (tokens per request per step, bonus
+        token included; 1.0 without speculation). Raises ConfigError when no acceptance is known."""
+        if not config.speculative:
+            return 1.0
+        drafter = self.drafter_for(config)
+        shape = WorkloadShape.of(workload, self.params)
+        return self._acceptance(drafter, shape).length(config.k)
+
+    def step(self, config: SpecConfig, batch_size: int, context_tokens: float | None = None) -> StepTime:
+        """Roofline breakdown (uncalibrated) of one step of `config` at `batch_size` requests."""
+        drafter = self.drafter_for(config) if config.speculative else None
+        context = self._context(context_tokens, None)
+        return step_time(
+            self.model, self.gpu, batch_size, config.k, drafter, config.parallel_drafting, context, self.params
+        )
+
+    def predict_step_ms(self, config: SpecConfig, batch_size: int, context_tokens: float | None = None) -> float:
+        """Predicted time of one engine step, ms: `batch_size` requests each verifying K drafts plus drafting.
+
+        From the fitted cost model when one was given, else the (calibrated) roofline at `context_tokens` of
+        context (default: the backend's, else RooflineParams.default_context_tokens).
+        """
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, but got {batch_size}.")
+        if self.cost_model is not None:
+            return float(self.cost_model.predict(batch_size, config.k))
+        return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
+
+    # ---- Backend ---------------------------------------------------------------------------------------------
+    def measure(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement:
+        """Predict `config` on `workload` at `scenario`; failures (unknown drafter, no acceptance figure, does
+        not fit in memory) come back as ``Measurement.failed``."""
+        shape = WorkloadShape.of(workload, self.params)
+        drafter: DrafterSpec | None = None
+        acceptance: _Acceptance | None = None
+        try:
+            if config.speculative:
+                drafter = self.drafter_for(config)
+                acceptance = self._acceptance(drafter, shape)
+        except (PeagleError, ValueError) as exc:
+            # Unknown or foreign drafter, unreadable local head, no acceptance figure: a config we cannot price.
+            return Measurement.failed(config, scenario, self._provenance(None), "invalid_config", str(exc))
+        provenance = self._provenance(acceptance)
+        k = config.k
+        context = self._context(None, shape)
+
+        slots = self._slots(config, scenario, k)
+        if slots < 1:
+            return Measurement.failed(
+                config,
+                scenario,
+                provenance,
+                "invalid_config",
+                f"max_num_batched_tokens={config.max_num_batched_tokens} cannot hold one request's K+1="
+                f"{k + 1} verified tokens; raise it to >= {k + 1} or lower K.",
+            )
+
+        budget = memory_budget(self.model, self.gpu, shape.max_context_tokens, drafter, k, self.params)
+        # Steady state: paged KV holds each running request's current context (mean: prompt + half its output).
+        kv_gb_per_request = request_kv_bytes(self.model, int(round(context)) + k + 1, drafter if k else None) / 1e9
+        oom = self._memory_failure(config, budget, slots, kv_gb_per_request, context)
+        if oom is not None:
+            return Measurement.failed(config, scenario, provenance, "out_of_memory", oom)
+
+        def al(kk: int) -> float:
+            return acceptance.length(kk) if (acceptance is not None and kk > 0) else 1.0
+
+        def step_ms(b: int, kk: int) -> float:
+            if self.cost_model is not None:
+                return float(self.cost_model.predict(b, kk))
+            st = step_time(self.model, self.gpu, b, kk, drafter, config.parallel_drafting, context, self.params)
+            return st.calibrated_ms(self.calibration)
+
+        batch, saturated = self._batch(scenario, slots, k, al, step_ms, shape)
+        step = step_ms(batch, k)
+        length = al(k)
+        tokens_per_s = batch * length / step * 1000.0
+        tpot = step / length
+        base_batch, _ = self._batch(scenario, self._slots(config, scenario, 0), 0, al, step_ms, shape)
+        base_step = step_ms(base_batch, 0)
+        base_tokens_per_s = base_batch / base_step * 1000.0
+        if scenario.request_rate is not None and not saturated:
+            # Open loop below capacity: both serve the offered load; the gain is per-request decode speed.
+            offered = scenario.request_rate * shape.output_tokens
+            speedup = base_step / tpot
+            tokens_per_s = offered
+        else:
+            speedup = tokens_per_s / base_tokens_per_s
+
+        prefill = prefill_ms(
+            self.model, self.gpu, int(round(shape.prompt_tokens)), drafter if k > 0 else None, self.params
+        )
+        if self.calibration is not None and self.cost_model is None:
+            prefill = self.calibration.apply(prefill, 0.0)
+        duration_ms = prefill + shape.output_tokens * tpot
+        queue_ms = 0.0
+        if scenario.request_rate is None and scenario.concurrency > batch:
+            # Closed loop with more clients than slots: by Little's law each request waits (C / S - 1) request
+            # durations for a slot.
+            queue_ms = (scenario.concurrency / batch - 1.0) * duration_ms
+        ttft = queue_ms + prefill + step / 2.0  # joins the running step halfway on average
+
+        extra = self._extra(config, shape, acceptance, batch, context, step, length, budget)
+        extra["kv_cache_gb"] = batch * kv_gb_per_request
+        extra.update(
+            {
+                "baseline_batch_size": base_batch,
+                "baseline_step_ms": base_step,
+                "baseline_tokens_per_s": base_tokens_per_s,
+                "prefill_ms": prefill,
+                "queue_wait_ms": queue_ms,
+                "saturated": saturated,
+            }
+        )
+        return Measurement(
+            config=config,
+            scenario=scenario,
+            provenance=provenance,
+            output_tokens_per_s=tokens_per_s,
+            tpot_ms_p50=tpot,
+            ttft_ms_p50=ttft,
+            speedup_vs_no_spec=speedup,
+            extra=extra,
+        )
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _find_drafter(self, name: str) -> DrafterSpec:
+        wanted = name.strip().lower()
+        for d in self.drafters:
+            names = {d.name.lower(), *(a.lower() for a in d.aliases)}
+            if d.local_path:
+                names.add(d.local_path.lower())
+            if wanted in names:
+                return d
+        return get_drafter(name, target=self.model)
+
+    def _context(self, context_tokens: float | None, shape: WorkloadShape | None) -> float:
+        if context_tokens is not None:
+            return context_tokens
+        if self.context_tokens is not None:
+            return self.context_tokens
+        if shape is not None:
+            return shape.context_tokens
+        return float(self.params.default_context_tokens)
+
+    def _acceptance(self, drafter: DrafterSpec, shape: WorkloadShape) -> _Acceptance:
+        use_override = bool(self.acceptance) and (
+            self.acceptance_drafter is None or self.acceptance_drafter in (drafter.name, drafter.local_path)
+        )
+        refs = drafter.reference_acceptance
+        profiles: dict[str, AcceptanceProfile] = {}
+        sources: dict[str, str] = {}
+        warnings: list[str] = []
+        for cls in shape.requests_by_class:
+            if use_override and cls in self.acceptance:
+                profiles[cls] = self.acceptance[cls]
+                sources[cls] = self.profile_label
+                continue
+            dataset = cls if cls in refs else REFERENCE_FOR_CLASS.get(cls)
+            if dataset not in refs:
+                if not refs:
+                    raise ConfigError(
+                        f"drafter {drafter.name} has no published acceptance (catalog reference_acceptance is "
+                        f"empty) and no measured profile covers class {cls!r}, so its speedup cannot be "
+                        "predicted. Profile it with the vllm backend, or pass a measured profile "
+                        "(ModelBackend(acceptance={...}))."
+                    )
+                # Unknown class: the lowest published acceptance (open chat, usually) is the cautious guess.
+                dataset = min(refs, key=lambda d: refs[d]["acceptance_length"] / (refs[d]["k"] + 1))
+                warnings.append(
+                    f"class {cls!r} maps to no reference benchmark ({dict(REFERENCE_FOR_CLASS)}); assumed "
+                    f"{dataset}, the drafter's lowest published acceptance."
+                )
+            ref = refs[str(dataset)]
+            profiles[cls] = AcceptanceProfile.from_acceptance_length(ref["acceptance_length"], ref["k"], max_k=MAX_K)
+            sources[cls] = f"published:{dataset}@K={ref['k']}"
+        total = sum(shape.requests_by_class.values())
+        weights = {c: n / total * shape.output_tokens_by_class[c] for c, n in shape.requests_by_class.items()}
+        return _Acceptance(profiles, sources, weights, warnings)
+
+    def _provenance(self, acceptance: _Acceptance | None) -> Provenance:
+        parts = [acceptance.label()] if acceptance is not None else []
+        parts.append(self.step_cost_source)
+        return Provenance(kind="predicted", backend="model", device=self.device, profile="; ".join(parts))
+
+    def _memory_failure(
+        self, config: SpecConfig, budget: MemoryBudget, batch: int, kv_gb_per_request: float, context: float
+    ) -> str | None:
+        """Why the deployment does not fit in device memory (None when it fits)."""
+        fixed = budget.weights_gb + budget.drafter_gb
+        where = (
+            f"{self.device} ({budget.usable_gb:.1f} GB usable: gpu_memory_utilization="
+            f"{self.params.gpu_memory_utilization:g} minus a {self.params.runtime_reserve_gb:g} GB runtime reserve)"
+        )
+        if fixed >= budget.usable_gb:
+            per_gpu = self.params.gpu_memory_utilization * self._base_gpu.memory_gb - self.params.runtime_reserve_gb
+            need_tp = math.ceil(fixed / per_gpu) if per_gpu > 0 else self.tp + 1
+            return (
+                f"{self.model.name} weights ({budget.weights_gb:.1f} GB) plus drafter ({budget.drafter_gb:.1f} GB) "
+                f"do not fit on {where}. Use tensor parallelism (tp >= {max(need_tp, self.tp + 1)}) or a GPU with "
+                "more memory."
+            )
+        free = budget.kv_capacity_gb
+        if budget.kv_gb_per_request > free:
+            return (
+                f"one request at its longest context needs {budget.kv_gb_per_request:.2f} GB of KV cache, but only "
+                f"{free:.2f} GB remain after {fixed:.1f} GB of weights on {where}. Shorten max_tokens or the "
+                "prompts, use tensor parallelism or a GPU with more memory."
+            )
+        need = batch * kv_gb_per_request
+        if need > free:
+            fits = int(free / kv_gb_per_request)
+            return (
+                f"KV cache for {batch} running requests at {context:.0f} tokens of context needs {need:.2f} GB, but "
+                f"only {free:.2f} GB remain after {fixed:.1f} GB of weights on {where}; vLLM would keep preempting "
+                f"requests. Lower max_num_seqs to <= {fits}, or use tensor parallelism or a larger GPU."
+            )
+        return None
+
+    @staticmethod
+    def _slots(config: SpecConfig, scenario: Scenario, k: int) -> int:
+        """Requests one step can hold: min(concurrency, max_num_seqs) (closed loop; max_num_seqs for an open
+        loop), and at most max_num_batched_tokens // (K + 1), since each request verifies K + 1 tokens. 0 when
+        not even one request fits."""
+        slots = (
+            config.max_num_seqs if scenario.request_rate is not None else min(scenario.concurrency, config.max_num_seqs)
+        )
+        if config.max_num_batched_tokens is not None:
+            slots = min(slots, config.max_num_batched_tokens // (k + 1))
+        return slots
+
+    def _batch(
+        self,
+        scenario: Scenario,
+        slots: int,
+        k: int,
+        al: Callable[[int], float],
+        step_ms: Callable[[int, int], float],
+        shape: WorkloadShape,
+    ) -> tuple[int, bool]:
+        """Requests per step: closed loop min(concurrency, slots); open loop the smallest batch whose request
+        throughput meets the offered rate (Little's law), or all slots when even that cannot (saturated)."""
+        if scenario.request_rate is None:
+            return slots, False
+        for b in range(1, slots + 1):
+            requests_per_s = b * al(k) / step_ms(b, k) * 1000.0 / max(shape.output_tokens, 1.0)
+            if requests_per_s >= scenario.request_rate:
+                return b, False
+        return slots, True
+
+    def _extra(
+        self,
+        config: SpecConfig,
+        shape: WorkloadShape,
+        acceptance: _Acceptance | None,
+        batch: int,
+        context: float,
+        step: float,
+        length: float,
+        budget: MemoryBudget,
+    ) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "step_ms": step,
+            "acceptance_length": length,
+            "batch_size": batch,
+            "context_tokens": context,
+            "prompt_tokens": shape.prompt_tokens,
+            "output_tokens": shape.output_tokens,
+            "step_cost_source": self.step_cost_source,
+            "weights_gb": budget.weights_gb,
+            "drafter_gb": budget.drafter_gb,
+            "usable_gb": budget.usable_gb,
+        }
+        if acceptance is not None:
+            extra["acceptance_by_class"] = acceptance.by_class(config.k)
+            extra["acceptance_sources"] = dict(acceptance.sources)
+        if self.cost_model is None:
+            drafter = self.drafter_for(config) if config.speculative else None
+            st = step_time(
+                self.model, self.gpu, batch, config.k, drafter, config.parallel_drafting, context, self.params
+            )
+            cal = self.calibration or Calibration()
+            extra.update(
+                {
+                    "verify_ms": cal.scale_verify * st.verify_ms,
+                    "draft_ms": cal.scale_draft * st.draft_ms,
+                    "overhead_ms": cal.scale_verify * (st.verify.overhead_ms + st.spec_overhead_ms)
+                    + cal.scale_draft * st.draft.cost.overhead_ms
+                    + cal.overhead_ms,
+                    "bound": st.bound,
+                    "draft_passes": st.draft.passes,
+                    "experts_per_layer": expected_distinct_experts(
+                        self.model.num_experts, self.model.experts_per_token, batch * (config.k + 1)
+                    ),
+                    "kv_read_gb_per_step": st.verify.kv_bytes / 1e9,
+                    "weights_read_gb_per_step": st.verify.weight_bytes / 1e9,
+                }
+            )
+        warnings = list(acceptance.warnings) if acceptance is not None else []
+        if config.speculative:
+            drafter = self.drafter_for(config)
+            if drafter.trained_k is not None and config.k > drafter.trained_k:
+                warnings.append(
+                    f"K={config.k} exceeds the {drafter.trained_k} positions {drafter.name} was trained for: "
+                    "acceptance beyond them is extrapolated and likely lower."
+                )
+            if not drafter.published:
+                warnings.append(f"{drafter.name} is a hypothetical variant: {drafter.source[:160]}")
+        if warnings:
+            extra["warnings"] = warnings
+        return extra

@@ -1,0 +1,263 @@
+"""Load the packaged YAML catalogs and look GPUs, target models and drafters up by name, alias or local path."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.catalogs._hf_config import drafter_from_config, model_from_config, read_config
+from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec, ReferenceAcceptance
+from autotune.exceptions import ConfigError, PeagleError, UnknownModelError
+
+#: Catalog key of the default GPU (see `default_gpu`).
+DEFAULT_GPU = "h200"
+
+_VARIANT = re.compile(r"^(?P<base>.+):(?P<layers>\d+)-layer$")
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower()
+
+
+def _read_yaml(file_name: str, top_key: str) -> list[dict[str, Any]]:
+    text = resources.files("autotune.catalogs").joinpath(file_name).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not isinstance(data.get(top_key), list):
+        raise PeagleError(f"catalog {file_name} must map {top_key!r} to a list of entries.")
+    # Top-level keys starting with "_" only hold YAML anchors shared by entries.
+    unknown = [k for k in data if k != top_key and not str(k).startswith("_")]
+    if unknown:
+        raise PeagleError(f"catalog {file_name} has unknown top-level keys {unknown}; expected only {top_key!r}.")
+    entries = data[top_key]
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise PeagleError(f"catalog {file_name} entry #{i} is not a mapping.")
+    return entries
+
+
+def _check_keys(entry: dict[str, Any], cls: type, file_name: str, skip: set[str]) -> None:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    missing_default = dataclasses.MISSING
+    required = {n for n, f in fields.items() if f.default is missing_default and f.default_factory is missing_default}
+    label = entry.get("name") or entry.get("key") or "?"
+    unknown = sorted(set(entry) - set(fields))
+    missing = sorted(required - set(entry))
+    if unknown or missing:
+        raise PeagleError(
+            f"catalog {file_name} entry {label!r}: unknown keys {unknown}, missing keys {missing}; "
+            f"expected the fields of {cls.__name__}."
+        )
+    if not str(entry.get("source", "")).strip():
+        raise PeagleError(f"catalog {file_name} entry {label!r} has no source; every number needs one.")
+
+
+@functools.cache
+def _gpus() -> tuple[GPUSpec, ...]:
+    out = []
+    for entry in _read_yaml("gpus.yaml", "gpus"):
+        _check_keys(entry, GPUSpec, "gpus.yaml", skip=set())
+        out.append(
+            GPUSpec(
+                key=_norm(entry["key"]),
+                display_name=str(entry["display_name"]),
+                aliases=tuple(str(a) for a in entry["aliases"]),
+                memory_gb=float(entry["memory_gb"]),
+                memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),
+                bf16_tflops=float(entry["bf16_tflops"]),
+                fp8_tflops=None if entry["fp8_tflops"] is None else float(entry["fp8_tflops"]),
+                fp4_tflops=None if entry["fp4_tflops"] is None else float(entry["fp4_tflops"]),
+                source=str(entry["source"]).strip(),
+            )
+        )
+    return tuple(out)
+
+
+@functools.cache
+def _models() -> tuple[ModelSpec, ...]:
+    out = []
+    for entry in _read_yaml("models.yaml", "models"):
+        _check_keys(entry, ModelSpec, "models.yaml", skip={"local_path"})
+        values = dict(entry)
+        values["aliases"] = tuple(str(a) for a in entry["aliases"])
+        values["source"] = str(entry["source"]).strip()
+        for key in ("total_params_b", "active_params_b", "expert_params_b", "bytes_per_param_expert",
+                    "bytes_per_param_other", "kv_bytes_per_element", "sliding_window_layer_fraction"):
+            values[key] = float(entry[key])
+        out.append(ModelSpec(**values))
+    return tuple(out)
+
+
+def _reference(raw: Any, label: str) -> dict[str, ReferenceAcceptance]:
+    if not isinstance(raw, dict):
+        raise PeagleError(f"catalog drafters.yaml entry {label!r}: reference_acceptance must be a mapping.")
+    out: dict[str, ReferenceAcceptance] = {}
+    for workload, ref in raw.items():
+        if not isinstance(ref, dict) or set(ref) != {"k", "acceptance_length", "source"}:
+            raise PeagleError(
+                f"catalog drafters.yaml entry {label!r}: reference_acceptance[{workload!r}] must have exactly "
+                "k, acceptance_length and source."
+            )
+        out[str(workload)] = ReferenceAcceptance(
+            k=int(ref["k"]), acceptance_length=float(ref["acceptance_length"]), source=str(ref["source"]).strip()
+        )
+    return out
+
+
+@functools.cache
+def _drafters() -> tuple[DrafterSpec, ...]:
+    out = []
+    for entry in _read_yaml("drafters.yaml", "drafters"):
+        _check_keys(entry, DrafterSpec, "drafters.yaml", skip={"local_path", "published"})
+        values = dict(entry)
+        values["aliases"] = tuple(str(a) for a in entry.get("aliases", ()))
+        values["source"] = str(entry["source"]).strip()
+        values["reference_acceptance"] = _reference(entry["reference_acceptance"], entry["name"])
+        values["acceptance_scale_by_layers"] = {
+            int(n): float(s) for n, s in (entry.get("acceptance_scale_by_layers") or {}).items()
+        }
+        values["acceptance_scale_source"] = str(entry.get("acceptance_scale_source", "")).strip()
+        out.append(DrafterSpec(**values))
+    return tuple(out)
+
+
+def _names(items: list[tuple[str, tuple[str, ...]]]) -> str:
+    return ", ".join(f"{name} ({', '.join(aliases)})" if aliases else name for name, aliases in items)
+
+
+def list_gpus() -> list[GPUSpec]:
+    """Every catalog GPU, in catalog order."""
+    return list(_gpus())
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The GPU whose key, display name or alias matches `name` (case-insensitive)."""
+    wanted = _norm(name)
+    for gpu in _gpus():
+        if wanted in {gpu.key, _norm(gpu.display_name), *(_norm(a) for a in gpu.aliases)}:
+            return gpu
+    known = _names([(g.key, g.aliases) for g in _gpus()])
+    raise UnknownModelError(f"unknown GPU {name!r}: known GPUs are {known}.")
+
+
+def default_gpu() -> GPUSpec:
+    """The GPU predictions assume when none is given: the H200.
+
+    It is the GPU the P-EAGLE gpt-oss-20b model card evaluated on (one H200, MXFP4 weights, FP8 KV cache), it holds
+    gpt-oss-120b (~65 GB of weights) on one card with room left for KV cache, and it is the Hopper part most
+    commonly rented for serving today; the B200 figures in the P-EAGLE blog are the other published point.
+    """
+    return get_gpu(DEFAULT_GPU)
+
+
+def list_models() -> list[ModelSpec]:
+    """Every catalog target model, in catalog order."""
+    return list(_models())
+
+
+def _local_dir(name_or_path: str) -> Path | None:
+    path = Path(name_or_path).expanduser()
+    return path if path.is_dir() else None
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+
+
+def _find_model(name: str) -> ModelSpec | None:
+    wanted = _norm(name)
+    for model in _models():
+        if wanted == _norm(model.name) or wanted in {_norm(a) for a in model.aliases}:
+            return model
+    return None
+
+
+def _unknown_model(name: str) -> UnknownModelError:
+    if _looks_like_path(name):
+        return UnknownModelError(
+            f"{name!r} is not an existing directory and not a catalog model; give the path of a Hugging Face model "
+            f"directory (with config.json) or one of: {_names([(m.name, m.aliases) for m in _models()])}."
+        )
+    known = _names([(m.name, m.aliases) for m in _models()])
+    return UnknownModelError(
+        f"unknown model {name!r}: known models are {known}; a local path to a Hugging Face model directory "
+        "(with config.json) also works."
+    )
+
+
+def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
+    """The target model named by a catalog name or alias (case-insensitive), or read from a local HF directory.
+
+    An existing directory wins over a catalog name, so a local copy is described by its own config.json.
+    """
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    local = _local_dir(name_or_path)
+    if local is not None:
+        return model_from_config(read_config(local), local)
+    model = _find_model(name_or_path)
+    if model is None:
+        raise _unknown_model(name_or_path)
+    return model
+
+
+def list_drafters(*, include_hypothetical: bool = False) -> list[DrafterSpec]:
+    """Every catalog drafter; with `include_hypothetical`, each followed by its unpublished layer variants."""
+    if include_hypothetical:
+        return [v for d in _drafters() for v in d.variants()]
+    return list(_drafters())
+
+
+def drafters_for(model: str | ModelSpec, *, include_hypothetical: bool = False) -> list[DrafterSpec]:
+    """The catalog drafters trained for `model` (name, alias, local path or ModelSpec); P-EAGLE heads first.
+
+    With `include_hypothetical`, each is followed by its hypothetical layer variants (published=False), e.g. a
+    2-layer P-EAGLE head whose acceptance is scaled from the published 4-layer one.
+    """
+    spec = resolve_model(model)
+    found = [d for d in list_drafters(include_hypothetical=include_hypothetical) if d.target == spec.name]
+    return sorted(found, key=lambda d: not d.parallel_drafting)
+
+
+def _find_drafter(name: str) -> DrafterSpec | None:
+    wanted = _norm(name)
+    for drafter in _drafters():
+        if wanted == _norm(drafter.name) or wanted in {_norm(a) for a in drafter.aliases}:
+            return drafter
+    variant = _VARIANT.match(name.strip())
+    if variant:
+        base = _find_drafter(variant["base"])
+        if base is not None and int(variant["layers"]) in base.acceptance_scale_by_layers:
+            return base.with_layers(int(variant["layers"]))
+    return None
+
+
+def get_drafter(name_or_path: str, target: str | ModelSpec | None = None) -> DrafterSpec:
+    """The drafter named by a catalog name, alias or ``<name>:<n>-layer`` variant, or read from a local directory.
+
+    For a local directory, `target` (if given) becomes its target. For a catalog drafter, a `target` it was not
+    trained for raises ConfigError.
+    """
+    target_spec = resolve_model(target) if target is not None else None
+    local = _local_dir(name_or_path)
+    if local is not None:
+        return drafter_from_config(read_config(local), local, target_spec.name if target_spec else None)
+    drafter = _find_drafter(name_or_path)
+    if drafter is None:
+        known = _names([(d.name, d.aliases) for d in _drafters()])
+        raise UnknownModelError(
+            f"unknown drafter {name_or_path!r}: known drafters are {known}; a local path to a Hugging Face drafter "
+            "directory (with config.json) also works."
+        )
+    if target_spec is not None and drafter.target != target_spec.name:
+        others = ", ".join(d.name for d in drafters_for(target_spec)) or "none in the catalog"
+        raise ConfigError(
+            f"drafter {drafter.name} was trained for {drafter.target}, not {target_spec.name}; a drafter only "
+            f"works with its own target. Drafters for {target_spec.name}: {others}."
+        )
+    return drafter

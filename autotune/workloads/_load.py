@@ -1,0 +1,167 @@
+"""`load_workload`: a workload from a built-in name, a JSONL or ShareGPT file, or ``hf:<dataset>``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from autotune.exceptions import WorkloadError
+from autotune.workloads._parse import (
+    DEFAULT_CLASS,
+    JSONL_EXPECTED,
+    SHAREGPT_EXPECTED,
+    parse_jsonl,
+    parse_sharegpt,
+)
+from autotune.workloads._workload import Workload, WorkloadRequest
+
+#: Workload class -> the published benchmark whose acceptance figures stand for it in the drafter catalog
+#: (`DrafterSpec.reference_acceptance` keys).
+REFERENCE_FOR_CLASS: dict[str, str] = {"chat": "mt-bench", "code": "humaneval", "math": "gsm8k"}
+
+#: Short names for ``hf:<name>``: dataset id, split, config, workload class.
+HF_DATASETS: dict[str, tuple[str, str, str | None, str]] = {
+    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", "train", None, "chat"),
+    "humaneval": ("openai/openai_humaneval", "test", None, "code"),
+    "gsm8k": ("openai/gsm8k", "test", "main", "math"),
+}
+_HF_TEXT_FIELDS = ("turns", "prompt", "question", "instruction", "input", "text")
+_FORMATS_HINT = (
+    f"use a local file instead: JSONL ({JSONL_EXPECTED.removeprefix('expected ')}) or ShareGPT JSON "
+    f"({SHAREGPT_EXPECTED.removeprefix('expected ')})"
+)
+
+
+def list_builtin_workloads() -> list[str]:
+    """Names of the workloads shipped with peagle-tune (autotune/workloads/builtin/*.jsonl), sorted."""
+    folder = resources.files("autotune.workloads").joinpath("builtin")
+    return sorted(p.name.removesuffix(".jsonl") for p in folder.iterdir() if p.name.endswith(".jsonl"))
+
+
+def _build(name: str, source: str, pairs: list[tuple[str, WorkloadRequest]]) -> Workload:
+    classes: dict[str, list[WorkloadRequest]] = {}
+    for cls, request in pairs:
+        classes.setdefault(cls, []).append(request)
+    return Workload(name, {c: tuple(r) for c, r in classes.items()}, source)
+
+
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a decoding error names the line it is on."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise WorkloadError(
+            f"{path}: cannot read the file ({exc.strerror or exc}); expected a readable JSONL or ShareGPT JSON file"
+        ) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise WorkloadError(f"{path}:{line}: the file is not UTF-8 text ({exc.reason}); expected UTF-8 JSON") from exc
+
+
+def _load_file(path: Path) -> Workload:
+    text = _read_text(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json" or (suffix != ".jsonl" and text.lstrip().startswith("[")):
+        pairs, _skipped = parse_sharegpt(text, str(path))
+    else:
+        pairs = parse_jsonl(text, str(path))
+    return _build(path.stem, str(path), pairs)
+
+
+def _load_builtin(name: str) -> Workload:
+    text = resources.files("autotune.workloads").joinpath("builtin", f"{name}.jsonl").read_text(encoding="utf-8")
+    return _build(name, f"builtin:{name}", parse_jsonl(text, f"builtin/{name}.jsonl"))
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hugging Face hub opens within `timeout_s` seconds."""
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _hf_text(row: dict[str, Any]) -> str | None:
+    for key in _HF_TEXT_FIELDS:
+        value = row.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], str):
+            value = value[0]  # Multi-turn benchmarks (MT-Bench): replay the first turn.
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _load_hf(dataset: str) -> Workload:
+    """Load ``hf:<dataset>`` with the `datasets` package (short names in `HF_DATASETS`, else a dataset id)."""
+    dataset_id, split, config, cls = HF_DATASETS.get(dataset.lower(), (dataset, "test", None, DEFAULT_CLASS))
+    try:
+        import datasets
+    except ImportError as exc:
+        raise WorkloadError(
+            f"hf:{dataset}: the Hugging Face hub could not be reached (the `datasets` package is not installed; "
+            f"`pip install datasets` needs hub access to download {dataset_id}); {_FORMATS_HINT}"
+        ) from exc
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    if not offline and not _hub_reachable():
+        raise WorkloadError(f"hf:{dataset}: the Hugging Face hub could not be reached to download {dataset_id}; "
+                            f"{_FORMATS_HINT}")
+    try:
+        rows = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as exc:  # any hub, cache or format failure means the same to the user
+        raise WorkloadError(
+            f"hf:{dataset}: could not load {dataset_id} (split {split}) from the Hugging Face hub or its cache "
+            f"({type(exc).__name__}: {exc}); {_FORMATS_HINT}"
+        ) from exc
+    pairs = []
+    for row in rows:
+        text = _hf_text(dict(row))
+        if text is not None:
+            pairs.append((cls, WorkloadRequest(messages=({"role": "user", "content": text},))))
+    if not pairs:
+        raise WorkloadError(
+            f"hf:{dataset}: no row of {dataset_id} has a text field ({', '.join(_HF_TEXT_FIELDS)}); {_FORMATS_HINT}"
+        )
+    return _build(dataset, f"hf:{dataset_id}:{split}", pairs)
+
+
+def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = None) -> Workload:
+    """A workload from a built-in name, a JSONL or ShareGPT JSON file, or ``hf:<dataset>``.
+
+    - built-ins: `list_builtin_workloads()` ("mt-bench", "humaneval", "gsm8k", "mixed"), also as ``builtin:<name>``;
+    - ``*.jsonl``: one record per line, {"prompt": str} or {"messages": [{"role", "content"}]}, with optional
+      "class" (default "default"), "max_tokens" (> 0), "temperature" (>= 0);
+    - ``*.json``: a ShareGPT list; each conversation's first human turn (after any system turns) becomes one chat
+      request of class "sharegpt";
+    - ``hf:<dataset>``: a Hugging Face dataset (needs the `datasets` package and hub access).
+
+    An existing file wins over a built-in of the same name. `max_per_class` keeps the first N requests of each
+    class. Malformed input raises WorkloadError ``<file>:<line>: <what is wrong>; expected ...``.
+    """
+    if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
+        raise WorkloadError(f"max_per_class must be an integer >= 1 (or None for all), but got {max_per_class!r}.")
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    builtins = list_builtin_workloads()
+    name = text.removeprefix("builtin:")
+    if text.startswith("hf:"):
+        workload = _load_hf(text.removeprefix("hf:"))
+    elif path.is_file():
+        workload = _load_file(path)
+    elif name in builtins:
+        workload = _load_builtin(name)
+    elif path.exists():
+        raise WorkloadError(f"{path}: is not a regular file; expected a JSONL or ShareGPT JSON file")
+    else:
+        raise WorkloadError(
+            f"no workload {text!r}: it is not a built-in ({', '.join(builtins)}), not an existing file and not "
+            "hf:<dataset>; give a built-in name, a .jsonl/.json path or hf:<dataset>."
+        )
+    return workload.subset(max_per_class) if max_per_class is not None else workload

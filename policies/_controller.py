@@ -1,0 +1,652 @@
+"""Depth controller: per engine step, choose the verified draft depth of every request to maximise predicted goodput.
+
+Objective. For a batch of B requests with depths K_r, the expected tokens produced in the step are
+``N = sum_r AL_r(K_r)`` (AL from the live `AcceptanceEstimator`, per request class) and the step time is predicted by
+the `StepCostModel` from the *total verified tokens* ``V = sum_r (K_r + 1)``:
+``T = base(B) + c_tok * V + drafter(B, D)``. Modelling T in V (not in a per-request K) is what makes per-request depths
+priceable, and for a uniform depth it is exactly ``T(B, K)`` because then ``V = B (K + 1)``. The drafter term is paid
+when any request speculates, or always when ``drafter_always_runs`` (depth applied by trimming drafts in the vLLM
+scheduler: the P-EAGLE drafter ran at its configured K anyway). Goodput ``G = 1000 * N / T`` tokens/s.
+
+Optimisation. Giving request r one more verified token (position i) adds ``s_{r,i}`` (its survival at i) to N and
+``c_tok`` to T. The best set of positions for a ratio objective with a linear cost is a threshold set (Dinkelbach):
+take every (request, position) whose gain is >= some threshold. Survival is non-increasing in the position, so sorting
+the (class, position) gains once and sweeping prefixes gives the exact optimum for one drafting depth; requests of one
+class with the same cap/floor are one cohort, so a step costs O(classes * max_k), not O(B * max_k). For sequential
+drafting the drafter cost grows with the deepest request D, so the sweep runs once per D.
+
+Stability and cost. Per-class AL tables and the cost coefficients are refreshed every ``refresh_every`` decisions,
+not every step. A new plan replaces the current one only if its predicted goodput beats the current plan's (on the
+same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan has been preferred for ``patience``
+consecutive steps. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap,
+so acceptance at positions the plan no longer verifies keeps being measured (otherwise K=0 would be forever).
+
+Robustness. `decide` raises ordinary exceptions (never swallows them); a caller that must not fail uses
+`decide_or_fallback`, which returns the static depth (`fallback_depth`) with ``fallback=True``.
+Everything `decide` reports (goodput, step time) is predicted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from policies._estimator import AcceptanceEstimator
+from policies._step_cost import StepCostModel, StepSample
+
+__all__ = [
+    "ControllerSettings",
+    "Decision",
+    "DepthController",
+    "RequestView",
+    "TrackedBatch",
+    "benchmark_decision_time",
+]
+
+_Cohort = tuple[str, int, int | None, bool]
+_cohort_of = attrgetter("cohort")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the controller needs to know about one running request (built by `RequestPolicy.view`).
+
+    ``max_k``: the request's cap (None: the controller's max_k). ``min_k``: its floor (verified depth it always
+    gets when it speculates). ``speculate``: False opts the request out (depth 0).
+    """
+
+    request_id: str
+    cls: str
+    max_k: int | None = None
+    min_k: int = 0
+    speculate: bool = True
+    cohort: _Cohort = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"Request {self.request_id!r}: max_k (cap) must be >= 0, but got {self.max_k}.")
+        if self.min_k < 0:
+            raise ValueError(f"Request {self.request_id!r}: min_k (floor) must be >= 0, but got {self.min_k}.")
+        object.__setattr__(self, "cohort", (self.cls, self.min_k, self.max_k, self.speculate))
+
+
+class TrackedBatch:
+    """The running batch kept up to date with `add`/`remove`, so `DepthController.decide` costs O(classes * max_k)
+    per step instead of O(B): the scheduler calls `add` when a request starts decoding and `remove` when it
+    finishes or is preempted. Iterating yields the `RequestView`s.
+    """
+
+    _versions = itertools.count(1)  # global, so two batches never share a (batch, version) cache key
+
+    def __init__(self, views: Iterable[RequestView] = ()) -> None:
+        self._views: dict[str, RequestView] = {}
+        self._counts: dict[_Cohort, int] = {}
+        self._members: dict[_Cohort, dict[str, None]] = {}
+        self.version = next(self._versions)
+        self.changes = 0
+        """Adds plus removes so far (the controller measures churn with it)."""
+        for v in views:
+            self.add(v)
+
+    def add(self, view: RequestView) -> None:
+        """Add (or replace) a request. O(1)."""
+        if view.request_id in self._views:
+            self.remove(view.request_id)
+        self._views[view.request_id] = view
+        c = view.cohort
+        self._counts[c] = self._counts.get(c, 0) + 1
+        self._members.setdefault(c, {})[view.request_id] = None
+        self.version = next(self._versions)
+        self.changes += 1
+
+    def remove(self, request_id: str) -> None:
+        """Remove a request (no error if absent). O(1)."""
+        view = self._views.pop(request_id, None)
+        if view is None:
+            return
+        c = view.cohort
+        left = self._counts[c] - 1
+        if left:
+            self._counts[c] = left
+            del self._members[c][request_id]
+        else:
+            del self._counts[c]
+            del self._members[c]
+        self.version = next(self._versions)
+        self.changes += 1
+
+    def sync(self, views: Iterable[RequestView]) -> None:
+        """Make the batch hold exactly ``views`` (adds and removes the difference). O(B)."""
+        wanted = {v.request_id: v for v in views}
+        for rid in [r for r in self._views if r not in wanted]:
+            self.remove(rid)
+        for rid, v in wanted.items():
+            if self._views.get(rid) != v:
+                self.add(v)
+
+    @property
+    def counts(self) -> Mapping[_Cohort, int]:
+        """Requests per cohort (class, floor, cap, speculate). Read-only view."""
+        return self._counts
+
+    def first_of(self, cohort: _Cohort) -> str | None:
+        members = self._members.get(cohort)
+        return next(iter(members)) if members else None
+
+    def get(self, request_id: str) -> RequestView | None:
+        return self._views.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __iter__(self) -> Iterator[RequestView]:
+        return iter(self._views.values())
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._views
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The depth plan for one step. Query a request's depth with `depth_for` (O(1)) or all of them with `depths`.
+
+    ``plan``: depth per class before each request's cap/floor. ``default_depth``: depth for a class not in the plan.
+    ``batch_depth``: the deepest depth any request of the batch gets (what the drafter must propose).
+    ``predicted_goodput``: tokens/s and ``predicted_step_ms``: ms, both predicted. ``explore``: request ids that verify
+    at their cap this step to keep measuring deep positions. ``fallback``: True when this is the static fallback;
+    ``reason`` says why.
+    """
+
+    plan: Mapping[str, int]
+    default_depth: int
+    max_k: int
+    batch_depth: int
+    predicted_goodput: float
+    predicted_step_ms: float
+    batch: Collection[RequestView] = field(repr=False)
+    explore: frozenset[str] = frozenset()
+    fallback: bool = False
+    reason: str = ""
+
+    def depth_for(self, view: RequestView) -> int:
+        """Verified depth for this request: its class depth, clamped to its floor and cap; 0 if it opted out."""
+        if not view.speculate:
+            return 0
+        hi = self.max_k if view.max_k is None else min(view.max_k, self.max_k)
+        if view.request_id in self.explore:
+            return hi
+        k = self.plan.get(view.cls, self.default_depth)
+        return max(min(view.min_k, hi), min(k, hi))
+
+    @cached_property
+    def depths(self) -> dict[str, int]:
+        """Depth per request id for the whole batch (built on first use)."""
+        return {v.request_id: self.depth_for(v) for v in self.batch}
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Tunables of `DepthController` (the ``controller`` section of a policy file)."""
+
+    hysteresis: float = 0.03
+    """Switch plans only when the new one is predicted to be this much better (0.03 = 3%)."""
+    patience: int = 32
+    """...or when the same new plan has been preferred for this many consecutive steps."""
+    refresh_every: int = 16
+    """Rebuild the per-class AL tables and cost coefficients every this many decisions."""
+    per_request: bool = True
+    """Choose depths per request class (True) or one uniform depth for the batch (False)."""
+    drafter_always_runs: bool = True
+    """True when depth is applied by trimming drafts (the drafter runs at its configured K even at depth 0)."""
+    explore_every: int = 16
+    """Every this many steps, one request per class below its cap verifies at its cap (0: never)."""
+    reoptimize_churn: float = 0.05
+    """Between table refreshes, re-run the depth optimisation only once this fraction of the batch has changed since
+    the last optimisation (0: every step); otherwise the last optimum is reused and only re-priced."""
+    learn_step_cost: bool = True
+    """Refine the step-cost model online from measured step times passed to `observe_step`."""
+    decay: float = 0.98
+    """Acceptance estimator forgetting factor per step (used when the policy builds the estimator)."""
+    prior_strength: float = 20.0
+    """Pseudo-trials per position a stored profile is worth in the estimator's prior."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
+            raise ValueError(f"hysteresis must be in [0, 1) (0.03 = 3%), but got {self.hysteresis}.")
+        for name in ("patience", "refresh_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, but got {value!r}.")
+        if isinstance(self.explore_every, bool) or not isinstance(self.explore_every, int) or self.explore_every < 0:
+            raise ValueError(f"explore_every must be an integer >= 0 (0: never), but got {self.explore_every!r}.")
+        if not (math.isfinite(self.reoptimize_churn) and 0.0 <= self.reoptimize_churn <= 1.0):
+            raise ValueError(
+                f"reoptimize_churn must be in [0, 1] (a fraction of the batch), but got {self.reoptimize_churn}."
+            )
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], e.g. 0.98, but got {self.decay}.")
+        if not (math.isfinite(self.prior_strength) and self.prior_strength >= 0):
+            raise ValueError(f"prior_strength must be >= 0, but got {self.prior_strength}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class _Tables:
+    al: dict[str, list[float]]  # class -> [AL(0), ..., AL(max_k)]
+    order: list[tuple[str, int, float]]  # (class, position, survival gain), best gain first
+    base_ms: float  # c0 (per step)
+    per_request_ms: float  # c1
+    per_token_ms: float  # c2
+    drafter_ms: float  # c3
+    drafter_per_request_ms: float  # c4
+    per_pass_ms: float  # c5 (sequential)
+    per_pass_request_ms: float  # c6 (sequential)
+
+
+class DepthController:
+    """Chooses per-request verified depths each engine step (see the module docstring for the model).
+
+    ``max_k``: the drafter's K (deepest depth). ``static_k``: the offline-tuned depth, used as `fallback_depth`.
+    Other keyword arguments are the fields of `ControllerSettings` (or pass ``settings=``).
+    """
+
+    def __init__(
+        self,
+        cost_model: StepCostModel,
+        estimator: AcceptanceEstimator,
+        max_k: int,
+        static_k: int,
+        hysteresis: float = 0.03,
+        *,
+        settings: ControllerSettings | None = None,
+        **options: Any,
+    ) -> None:
+        if settings is None:
+            settings = ControllerSettings(hysteresis=hysteresis, **options)
+        elif options or hysteresis != 0.03:
+            raise ValueError("Pass either settings= or individual options (hysteresis=..., ...), not both.")
+        if max_k < 0:
+            raise ValueError(f"max_k must be >= 0, but got {max_k}.")
+        if not 0 <= static_k <= max_k:
+            raise ValueError(f"static_k must be in [0, max_k={max_k}], but got {static_k}.")
+        if estimator.max_k < max_k:
+            raise ValueError(
+                f"The estimator tracks {estimator.max_k} positions but the controller may verify max_k={max_k}: "
+                f"build the estimator with max_k >= {max_k}."
+            )
+        self.cost_model = cost_model
+        self.estimator = estimator
+        self.max_k = int(max_k)
+        self.static_k = int(static_k)
+        self.settings = settings
+        self._tables: _Tables | None = None
+        self._decisions = 0
+        self._plan: dict[str, int] = {}
+        self._candidate: dict[str, int] | None = None
+        self._streak = 0
+        self._last: tuple[object, Decision] | None = None
+        self._best: dict[str, int] | None = None  # last optimum, valid until refresh or enough churn
+        self._best_mark: tuple[int, int] | dict[_Cohort, int] = {}
+        self.switches = 0
+        """Number of plan changes so far (for monitoring flapping)."""
+
+    @property
+    def fallback_depth(self) -> int:
+        """The depth to use when the controller cannot decide: the offline-tuned static K."""
+        return self.static_k
+
+    @property
+    def plan(self) -> dict[str, int]:
+        """The current depth per class (before caps/floors)."""
+        return dict(self._plan)
+
+    # ---- deciding -----------------------------------------------------------------------------------------------
+    def decide(self, batch: Sequence[RequestView] | TrackedBatch) -> Decision:
+        """Depth per request for this step. Raises on bad input or internal failure (see `decide_or_fallback`).
+
+        ``batch``: the requests of the step, as a sequence (counted each call, O(B)) or a `TrackedBatch` the caller
+        keeps up to date (O(classes * max_k) per call, independent of B).
+        """
+        self._decisions += 1
+        refreshed = False
+        if self._tables is None or self._decisions % self.settings.refresh_every == 0:
+            self.refresh()
+            refreshed = True
+        tables = self._tables
+        assert tables is not None
+        explore_now = self.settings.explore_every > 0 and self._decisions % self.settings.explore_every == 0
+        if isinstance(batch, TrackedBatch):
+            counts: Mapping[_Cohort, int] = batch.counts
+            key: object = (id(batch), batch.version)
+        else:
+            counts = Counter(map(_cohort_of, batch))
+            key = counts
+        last = self._last
+        if not refreshed and not explore_now and self._candidate is None and last is not None and last[0] == key:
+            # Same composition, same tables, stable plan: the answer cannot change.
+            d = last[1]
+            if d.batch is batch:
+                return d
+            return Decision(d.plan, d.default_depth, d.max_k, d.batch_depth, d.predicted_goodput,
+                            d.predicted_step_ms, batch)
+        present = {c[0] for c in counts}
+        for cls in present - tables.al.keys():
+            self._add_class(tables, cls)
+        size = len(batch)
+        best_plan = self._best
+        if best_plan is None or self._churned(batch, counts, size) or not present <= best_plan.keys():
+            if self.settings.per_request:
+                best_plan = self._best_per_request(tables, counts, size)
+            else:
+                best_plan = self._best_uniform(tables, counts, size)
+            self._best = best_plan
+            self._best_mark = (id(batch), batch.changes) if isinstance(batch, TrackedBatch) else dict(counts)
+        if len(best_plan) != len(present):
+            best_plan = {c: k for c, k in best_plan.items() if c in present}
+        current = self._plan
+        merged = {c: current.get(c, k) for c, k in best_plan.items()}  # new classes adopt the best depth at once
+        n_cur, ms_cur, depth_cur = self._evaluate(tables, counts, size, merged)
+        if merged != best_plan:
+            n_best, ms_best, depth_best = self._evaluate(tables, counts, size, best_plan)
+            same_candidate = self._candidate == best_plan
+            self._streak = self._streak + 1 if same_candidate else 1
+            self._candidate = best_plan
+            gain = n_best * ms_cur / (n_cur * ms_best) - 1.0
+            if gain > self.settings.hysteresis or self._streak >= self.settings.patience:
+                self.switches += 1
+                self._candidate, self._streak = None, 0
+                merged, n_cur, ms_cur, depth_cur = best_plan, n_best, ms_best, depth_best
+        else:
+            self._candidate, self._streak = None, 0
+        current.update(merged)
+        explore: frozenset[str] = frozenset()
+        if explore_now:
+            explore = self._pick_explorers(batch, counts, merged)
+        max_k = self.max_k
+        batch_depth = depth_cur
+        for rid in explore:
+            view = batch.get(rid) if isinstance(batch, TrackedBatch) else None
+            if view is None:
+                view = next(v for v in batch if v.request_id == rid)
+            batch_depth = max(batch_depth, max_k if view.max_k is None else min(view.max_k, max_k))
+        decision = Decision(merged, self.static_k, max_k, batch_depth, 1000.0 * n_cur / ms_cur, ms_cur, batch, explore)
+        self._last = (key, decision) if not explore else None
+        return decision
+
+    def decide_or_fallback(self, batch: Sequence[RequestView] | TrackedBatch) -> Decision:
+        """`decide`, but any exception yields `fallback_decision` (``fallback=True``, ``reason`` = the error)."""
+        try:
+            return self.decide(batch)
+        except Exception as exc:  # noqa: BLE001 - the engine must keep serving; the reason is reported
+            return self.fallback_decision(batch, reason=f"{type(exc).__name__}: {exc}")
+
+    def fallback_decision(
+        self, batch: Sequence[RequestView] | TrackedBatch, reason: str = "fallback requested"
+    ) -> Decision:
+        """Every request at `fallback_depth` (clamped to its cap/floor, 0 if opted out); no prediction."""
+        d = Decision({}, self.static_k, self.max_k, 0, math.nan, math.nan, batch, fallback=True, reason=reason)
+        depth = max((d.depth_for(v) for v in batch), default=0)
+        return Decision({}, self.static_k, self.max_k, depth, math.nan, math.nan, batch, fallback=True, reason=reason)
+
+    # ---- learning ------------------------------------------------------------------------------------------------
+    def observe_step(
+        self, results: Sequence[tuple[str, str, int, int]], step_ms: float | None = None
+    ) -> None:
+        """Feed one step's measured outcome: ``(request_id, class, drafted, accepted)`` per request in the step.
+
+        ``drafted``: draft tokens the request verified (0 if it did not speculate); ``accepted``: how many of them
+        (a prefix) were accepted. ``step_ms``: measured step time, ms; pass None for steps that also ran prefill,
+        which the decode-step cost model does not describe. Acceptance feeds the estimator (then one decay step);
+        step time refines the cost model by RLS if ``learn_step_cost``. New estimates are used from the next refresh.
+        """
+        by_class: dict[str, tuple[list[int], list[int]]] = {}
+        verified = 0
+        deepest = 0
+        for _rid, cls, drafted, accepted in results:
+            entry = by_class.get(cls)
+            if entry is None:
+                entry = by_class[cls] = ([], [])
+            entry[0].append(drafted)
+            entry[1].append(accepted)
+            verified += drafted + 1
+            if drafted > deepest:
+                deepest = drafted
+        for cls, (drafted_list, accepted_list) in by_class.items():
+            self.estimator.observe_many(cls, drafted_list, accepted_list)
+        self.estimator.advance()
+        if step_ms is not None and results and self.settings.learn_step_cost:
+            ran = self.settings.drafter_always_runs or deepest > 0
+            depth = self.max_k if self.settings.drafter_always_runs else deepest
+            self.cost_model.update(
+                StepSample(len(results), depth, float(step_ms), verified_tokens=verified, drafter_ran=ran)
+            )
+
+    def refresh(self) -> None:
+        """Rebuild the per-class AL tables and cost coefficients from the estimator and the cost model now."""
+        c = self.cost_model.coefficients
+        tables = _Tables(
+            al={}, order=[],
+            base_ms=c["base"], per_request_ms=c["per_request"], per_token_ms=c["per_verified_token"],
+            drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
+            per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
+        )
+        classes = set(self.estimator.classes())
+        if self._tables is not None:
+            classes |= set(self._tables.al)
+        for cls in sorted(classes):
+            self._add_class(tables, cls, resort=False)
+        tables.order.sort(key=lambda item: (-item[2], item[1]))
+        self._tables = tables
+        self._last = None
+        self._best = None
+
+    # ---- internals ------------------------------------------------------------------------------------------------
+    def _add_class(self, tables: _Tables, cls: str, resort: bool = True) -> None:
+        al = self.estimator.acceptance_lengths(cls, self.max_k)
+        tables.al[cls] = [float(v) for v in al]
+        gains = np.diff(al)
+        tables.order.extend((cls, i, float(gains[i])) for i in range(self.max_k))
+        if resort:
+            tables.order.sort(key=lambda item: (-item[2], item[1]))
+
+    def _churned(self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[_Cohort, int], size: int) -> bool:
+        """Has more than ``reoptimize_churn`` of the batch changed since the last optimisation?"""
+        limit = self.settings.reoptimize_churn * size
+        mark = self._best_mark
+        if isinstance(batch, TrackedBatch):
+            if not isinstance(mark, tuple) or mark[0] != id(batch):
+                return True
+            return (batch.changes - mark[1]) / 2 > limit  # a finish plus a join is one replaced request
+        if not isinstance(mark, dict):
+            return True
+        diff = sum(abs(m - mark.get(c, 0)) for c, m in counts.items())
+        diff += sum(m for c, m in mark.items() if c not in counts)
+        return diff / 2 > limit
+
+    def _step_ms(self, t: _Tables, size: int, verified: float, drafting: bool, depth: int) -> float:
+        """Predicted step ms for ``size`` requests verifying ``verified`` tokens; ``depth``: deepest request."""
+        ms = t.base_ms + t.per_request_ms * size + t.per_token_ms * verified
+        if drafting or self.settings.drafter_always_runs:
+            passes = self.max_k if self.settings.drafter_always_runs else depth
+            ms += t.drafter_ms + t.drafter_per_request_ms * size
+            ms += (t.per_pass_ms + t.per_pass_request_ms * size) * passes
+        return ms
+
+    def _evaluate(
+        self, t: _Tables, counts: Mapping[_Cohort, int], size: int, plan: Mapping[str, int]
+    ) -> tuple[float, float, int]:
+        """(expected tokens N, predicted step ms T, deepest request depth) of a class plan on this batch."""
+        max_k = self.max_k
+        al = t.al
+        n = 0.0
+        verified = 0
+        deepest = 0
+        for (cls, lo, cap, speculate), m in counts.items():
+            k = 0
+            if speculate:
+                hi = max_k if cap is None or cap > max_k else cap
+                k = plan[cls]
+                k = hi if k > hi else k
+                if lo > k:
+                    k = lo if lo < hi else hi
+            n += m * al[cls][k]
+            verified += m * (k + 1)
+            if k > deepest:
+                deepest = k
+        return n, self._step_ms(t, size, verified, deepest > 0, deepest), deepest
+
+    def _best_uniform(self, t: _Tables, counts: Mapping[_Cohort, int], size: int) -> dict[str, int]:
+        classes = {c[0] for c in counts}
+        best_k, best_g = 0, -math.inf
+        for k in range(self.max_k + 1):
+            n, ms, _ = self._evaluate(t, counts, size, dict.fromkeys(classes, k))
+            g = n / ms
+            if g > best_g * (1 + 1e-12):
+                best_k, best_g = k, g
+        return dict.fromkeys(classes, best_k)
+
+    def _best_per_request(self, t: _Tables, counts: Mapping[_Cohort, int], size: int) -> dict[str, int]:
+        """Exact threshold sweep (module docstring). Returns the per-class depth of the best plan."""
+        max_k = self.max_k
+        al = t.al
+        # Base: every request at its floor. reach[cls][i]: requests of cls that may verify position i beyond floors.
+        n0 = 0.0
+        v0 = 0
+        floor_depth = 0
+        reach: dict[str, list[int]] = {}
+        for (cls, lo, cap, speculate), m in counts.items():
+            hi = 0
+            lo_eff = 0
+            if speculate:
+                hi = max_k if cap is None or cap > max_k else cap
+                lo_eff = lo if lo < hi else hi
+            n0 += m * al[cls][lo_eff]
+            v0 += m * (lo_eff + 1)
+            if lo_eff > floor_depth:
+                floor_depth = lo_eff
+            r = reach.get(cls)
+            if r is None:
+                r = reach[cls] = [0] * (max_k + 1)
+            if hi > lo_eff:
+                r[lo_eff] += m
+                r[hi] -= m
+        for r in reach.values():
+            for i in range(1, max_k + 1):
+                r[i] += r[i - 1]
+        always = self.settings.drafter_always_runs
+        sequential_cost = self.cost_model.sequential and not always
+        fixed = t.base_ms + t.per_request_ms * size
+        drafter = t.drafter_ms + t.drafter_per_request_ms * size
+        per_pass = t.per_pass_ms + t.per_pass_request_ms * size
+        per_token = t.per_token_ms
+        limits = range(max(floor_depth, 1), max_k + 1) if sequential_cost else (max_k,)
+        best_g, best_limit, best_cut = -math.inf, max_k, 0
+        order = t.order
+        for limit in limits:
+            on = fixed + drafter + per_pass * (limit if sequential_cost else max_k)
+            off = on if (always or floor_depth > 0) else fixed
+            n, v = n0, v0
+            g_here, cut_here = n / (off + per_token * v), 0
+            for idx, (cls, i, gain) in enumerate(order):
+                if i >= limit:
+                    continue
+                r = reach.get(cls)
+                if r is None:
+                    continue
+                m = r[i]
+                if m <= 0:
+                    continue
+                n += m * gain
+                v += m
+                g = n / (on + per_token * v)
+                if g > g_here * (1 + 1e-12):
+                    g_here, cut_here = g, idx + 1
+            if g_here > best_g * (1 + 1e-12):
+                best_g, best_limit, best_cut = g_here, limit, cut_here
+        plan = dict.fromkeys(reach, 0)
+        for cls, i, _gain in order[:best_cut]:
+            r = reach.get(cls)
+            if r is not None and i < best_limit and r[i] > 0 and i + 1 > plan[cls]:
+                plan[cls] = i + 1
+        return plan
+
+    def _pick_explorers(
+        self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[_Cohort, int], plan: Mapping[str, int]
+    ) -> frozenset[str]:
+        """One request per class that runs below its cap (it will verify at its cap this step)."""
+        max_k = self.max_k
+        chosen: dict[str, str] = {}
+        if isinstance(batch, TrackedBatch):
+            for cohort in counts:
+                cls, lo, cap, speculate = cohort
+                hi = max_k if cap is None or cap > max_k else cap
+                if cls not in chosen and speculate and hi > max(plan.get(cls, 0), lo):
+                    rid = batch.first_of(cohort)
+                    if rid is not None:
+                        chosen[cls] = rid
+            return frozenset(chosen.values())
+        for v in batch:
+            if v.cls in chosen or not v.speculate:
+                continue
+            hi = max_k if v.max_k is None else min(v.max_k, max_k)
+            if hi > max(plan.get(v.cls, 0), v.min_k):
+                chosen[v.cls] = v.request_id
+        return frozenset(chosen.values())
+
+def benchmark_decision_time(
+    batch_size: int = 256, repeats: int = 2000, max_k: int = 8, tracked: bool = True
+) -> float:
+    """Mean wall time of one `DepthController.decide` in µs (measured here, on this machine).
+
+    3 classes, every 7th request capped at 3, every 50th opted out; tables refresh every 16 decisions (the default).
+    Each step one request finishes and another of a different class joins, so the composition changes and every
+    call takes the full path (never the "same batch as last step" shortcut). ``tracked=True`` keeps the batch in a
+    `TrackedBatch` (the add/remove is included in the time); ``tracked=False`` passes a list, which adds the O(B)
+    counting of the batch.
+    """
+    cost = StepCostModel(
+        {"base": 6.0, "per_request": 0.04, "per_verified_token": 0.015, "drafter_fixed": 1.2,
+         "drafter_per_request": 0.01}
+    )
+    est = AcceptanceEstimator(max_k)
+    rng = np.random.default_rng(0)
+    for cls, rate in (("code", 0.8), ("math", 0.7), ("chat", 0.55)):
+        drafted = np.full(200, max_k)
+        accepted = np.minimum(rng.geometric(1 - rate, 200) - 1, max_k)
+        est.observe_many(cls, drafted, accepted)
+    ctl = DepthController(cost, est, max_k=max_k, static_k=min(5, max_k), explore_every=0)
+    names = ("code", "math", "chat")
+
+    def view(i: int) -> RequestView:
+        return RequestView(f"r{i}", names[i % 3], max_k=3 if i % 7 == 0 else None, speculate=i % 50 != 1)
+
+    views = [view(i) for i in range(batch_size)]
+    batch = TrackedBatch(views)
+    total = 0.0
+    for step in range(repeats + 50):
+        # one request leaves, one of another class joins
+        start = time.perf_counter()
+        if tracked:
+            batch.remove(views[step % batch_size].request_id)
+            fresh = view(batch_size + step)
+            batch.add(fresh)
+            ctl.decide(batch)
+        else:
+            fresh = view(batch_size + step)
+            ctl.decide(views)
+        elapsed = time.perf_counter() - start
+        views[step % batch_size] = fresh
+        if step >= 50:
+            total += elapsed
+    return total / repeats * 1e6

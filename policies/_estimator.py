@@ -1,0 +1,225 @@
+"""Live acceptance estimator: per class and per draft position, a Beta posterior of the conditional acceptance rate.
+
+Model. For class c and position i, the conditional rate ``a_{c,i} = P(position i accepted | 0..i-1 accepted)`` has a
+Beta posterior kept as two decayed counts: successes ``S_{c,i}`` and trials ``N_{c,i}`` (drafts that reached position
+i). A request that drafted K tokens and had the first A accepted adds a trial at positions ``0..min(A, K-1)`` and a
+success at positions ``0..A-1`` (position A, if drafted, failed; later positions were never judged).
+
+Forgetting. Once per engine step (`advance`) every count is multiplied by ``decay`` (e.g. 0.98), so an observation
+made t steps ago weighs ``decay**t``: the estimator remembers about ``1 / (1 - decay)`` steps (50 at 0.98) and follows
+acceptance changes. Decay is applied lazily when a class is touched, so `advance` is O(1) and `observe` is O(K).
+
+Prior and fallback. A class seeded from a stored `AcceptanceProfile` starts with ``prior_strength`` pseudo-trials per
+position at the profile's conditional rate; those counts decay like data, which keeps the prior mean until data
+arrive and then lets data take over. Every class estimate is shrunk towards the global (all-class) estimate with a
+fixed ``shrinkage`` pseudo-trials: ``a_{c,i} = (S_{c,i} + shrinkage * g_i) / (N_{c,i} + shrinkage)``, so an unseen
+class gets exactly the global estimate and a rarely seen one leans on it. The global estimate pools every observation
+(and the seeded priors, weighted equally), with a fixed Jeffreys-like floor of one pseudo-trial at rate 0.5 so that it
+is defined before any data.
+
+All outputs are estimates from measured counts; AL beyond ``max_k`` is extrapolated (see `policies.acceptance_length`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from policies._acceptance import AcceptanceProfile, acceptance_lengths
+
+__all__ = ["AcceptanceEstimator"]
+
+_GLOBAL = "\x00global"
+_FLOOR_TRIALS = 1.0
+_FLOOR_RATE = 0.5
+
+
+class _Counts:
+    """Decayed success/trial counts per position for one class (or the global pool)."""
+
+    __slots__ = ("succ", "trials", "step")
+
+    def __init__(self, max_k: int, step: int) -> None:
+        self.succ = np.zeros(max_k)
+        self.trials = np.zeros(max_k)
+        self.step = step
+
+    def catch_up(self, step: int, decay: float) -> None:
+        if step != self.step:
+            f = decay ** (step - self.step)
+            self.succ *= f
+            self.trials *= f
+            self.step = step
+
+
+class AcceptanceEstimator:
+    """Online per-class, per-position acceptance estimate with exponential forgetting (see module docstring).
+
+    ``max_k``: deepest position tracked (the drafter's K). ``decay``: count multiplier per engine step, in (0, 1].
+    ``shrinkage``: pseudo-trials pulling each class towards the global estimate.
+    """
+
+    def __init__(self, max_k: int, *, decay: float = 0.98, shrinkage: float = 2.0) -> None:
+        if max_k < 1:
+            raise ValueError(f"max_k must be >= 1 (the drafter's K), but got {max_k}.")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1] (1 = never forget), e.g. 0.98, but got {decay}.")
+        if not (math.isfinite(shrinkage) and shrinkage > 0):
+            raise ValueError(f"shrinkage must be a finite number of pseudo-trials > 0, but got {shrinkage}.")
+        self.max_k = int(max_k)
+        self.decay = float(decay)
+        self.shrinkage = float(shrinkage)
+        self._step = 0
+        self._classes: dict[str, _Counts] = {}
+        self._global = _Counts(self.max_k, 0)
+
+    @classmethod
+    def from_profiles(
+        cls,
+        profiles: Mapping[str, AcceptanceProfile],
+        *,
+        max_k: int | None = None,
+        prior_strength: float = 20.0,
+        decay: float = 0.98,
+        shrinkage: float = 2.0,
+    ) -> AcceptanceEstimator:
+        """An estimator seeded with stored profiles, each worth ``prior_strength`` pseudo-trials per position.
+
+        ``max_k`` defaults to the deepest profile; shallower profiles are extended geometrically with their last
+        conditional rate (a prediction).
+        """
+        if not (math.isfinite(prior_strength) and prior_strength >= 0):
+            raise ValueError(f"prior_strength must be a finite number of pseudo-trials >= 0, but got {prior_strength}.")
+        depth = max_k if max_k is not None else max((p.max_k for p in profiles.values()), default=0)
+        if depth < 1:
+            raise ValueError("from_profiles needs max_k >= 1 or at least one profile to take the depth from.")
+        est = cls(depth, decay=decay, shrinkage=shrinkage)
+        for name, profile in profiles.items():
+            survival = np.diff(profile.acceptance_lengths(depth))
+            prev = np.concatenate(([1.0], survival[:-1]))
+            rates = np.divide(survival, prev, out=np.zeros_like(survival), where=prev > 0)
+            counts = est._counts(name)
+            counts.trials += prior_strength
+            counts.succ += prior_strength * rates
+            est._global.trials += prior_strength
+            est._global.succ += prior_strength * rates
+        return est
+
+    # ---- observing ----------------------------------------------------------------------------------------------
+    def observe(self, cls: str, num_drafted: int, num_accepted: int) -> None:
+        """One request's step result: it verified ``num_drafted`` draft tokens and the first ``num_accepted`` were
+        accepted (measured). O(K)."""
+        self._check(num_drafted, num_accepted)
+        if num_drafted == 0:
+            return
+        judged = min(num_accepted + 1, num_drafted)
+        for counts in (self._counts(cls), self._global):
+            counts.catch_up(self._step, self.decay)
+            counts.trials[:judged] += 1.0
+            counts.succ[:num_accepted] += 1.0
+
+    def observe_many(
+        self, cls: str, num_drafted: Sequence[int] | np.ndarray, num_accepted: Sequence[int] | np.ndarray
+    ) -> None:
+        """Several requests of one class in one step, vectorised: O(n + K) instead of O(n * K)."""
+        drafted = np.asarray(num_drafted, dtype=np.int64)
+        accepted = np.asarray(num_accepted, dtype=np.int64)
+        if drafted.shape != accepted.shape or drafted.ndim != 1:
+            raise ValueError(
+                f"num_drafted and num_accepted must be 1-D and the same length, but got shapes {drafted.shape} "
+                f"and {accepted.shape}."
+            )
+        if drafted.size == 0:
+            return
+        if accepted.min() < 0 or (accepted > drafted).any() or drafted.max() > self.max_k:
+            bad = int(np.argmax((accepted < 0) | (accepted > drafted) | (drafted > self.max_k)))
+            self._check(int(drafted[bad]), int(accepted[bad]))
+        k = self.max_k
+        # succ_i = #(A > i); trials_i = #(A >= i and K > i) = #(A >= i) - #(A == K == i), since A <= K.
+        acc_hist = np.bincount(accepted, minlength=k + 1)[: k + 1]
+        at_least = drafted.size - np.concatenate(([0], np.cumsum(acc_hist)[:-1]))  # #(A >= i), i = 0..k
+        full = accepted[accepted == drafted]
+        full_hist = np.bincount(full, minlength=k + 1)[: k + 1]
+        trials = (at_least - full_hist)[:k].astype(float)
+        succ = at_least[1 : k + 1].astype(float)
+        for counts in (self._counts(cls), self._global):
+            counts.catch_up(self._step, self.decay)
+            counts.trials += trials
+            counts.succ += succ
+
+    def advance(self, steps: int = 1) -> None:
+        """Mark the end of ``steps`` engine steps: older observations now weigh ``decay`` times less. O(1)."""
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, but got {steps}.")
+        self._step += steps
+
+    # ---- estimates -------------------------------------------------------------------------------------------------
+    def global_conditional(self) -> np.ndarray:
+        """Conditional acceptance rate per position pooled over all classes, shape ``(max_k,)``."""
+        g = self._global
+        g.catch_up(self._step, self.decay)
+        return (g.succ + _FLOOR_TRIALS * _FLOOR_RATE) / (g.trials + _FLOOR_TRIALS)
+
+    def conditional(self, cls: str) -> np.ndarray:
+        """Estimated conditional acceptance rate per position for ``cls`` (posterior mean), shape ``(max_k,)``.
+
+        An unseen class gets the global estimate."""
+        g = self.global_conditional()
+        counts = self._classes.get(cls)
+        if counts is None:
+            return g
+        counts.catch_up(self._step, self.decay)
+        return (counts.succ + self.shrinkage * g) / (counts.trials + self.shrinkage)
+
+    def survival(self, cls: str) -> np.ndarray:
+        """Estimated ``P(first i+1 drafts accepted)`` per position for ``cls``: the running product of `conditional`."""
+        return np.cumprod(self.conditional(cls))
+
+    def acceptance_length(self, cls: str, k: int) -> float:
+        """Estimated AL(k) for ``cls`` in tokens per request per step (bonus token included)."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, but got k={k}.")
+        return float(acceptance_lengths(self.survival(cls), k)[k])
+
+    def acceptance_lengths(self, cls: str, max_k: int | None = None) -> np.ndarray:
+        """``[AL(0), ..., AL(max_k)]`` for ``cls`` (default up to the estimator's max_k)."""
+        return acceptance_lengths(self.survival(cls), self.max_k if max_k is None else max_k)
+
+    def effective_trials(self, cls: str) -> float:
+        """Decayed number of drafts observed for ``cls`` at position 0 (0 for an unseen class): how much the
+        estimate rests on data rather than on the global fallback."""
+        counts = self._classes.get(cls)
+        if counts is None:
+            return 0.0
+        counts.catch_up(self._step, self.decay)
+        return float(counts.trials[0])
+
+    def classes(self) -> list[str]:
+        """Classes with a seeded prior or observations."""
+        return list(self._classes)
+
+    def to_profile(self, cls: str, num_drafts: int = 1000) -> AcceptanceProfile:
+        """The current estimate for ``cls`` as a profile with ``num_drafts`` pseudo-counts (for recording)."""
+        return AcceptanceProfile.from_survival(self.survival(cls).tolist(), num_drafts=num_drafts)
+
+    # ---- internals ---------------------------------------------------------------------------------------------------
+    def _counts(self, cls: str) -> _Counts:
+        counts = self._classes.get(cls)
+        if counts is None:
+            if not isinstance(cls, str):
+                raise TypeError(f"A request class must be a string, but got {cls!r} ({type(cls).__name__}).")
+            counts = self._classes[cls] = _Counts(self.max_k, self._step)
+        return counts
+
+    def _check(self, num_drafted: int, num_accepted: int) -> None:
+        if not 0 <= num_drafted <= self.max_k:
+            raise ValueError(
+                f"num_drafted must be in [0, max_k={self.max_k}], but got {num_drafted}. Build the estimator with "
+                "max_k >= the drafter's K."
+            )
+        if not 0 <= num_accepted <= num_drafted:
+            raise ValueError(
+                f"num_accepted must be in [0, num_drafted={num_drafted}], but got {num_accepted}."
+            )

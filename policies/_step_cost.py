@@ -1,0 +1,364 @@
+"""Step-cost model: the time of one engine step T(B, K) in ms, and the goodput it implies.
+
+T is linear in non-negative coefficients over an explicit feature set (names in `FEATURES`):
+
+=========================  ==========================  ==========================================================
+feature                    value                       what the coefficient is
+=========================  ==========================  ==========================================================
+``base``                   1                           fixed per-step cost (scheduling, launch, sampling), ms
+``per_request``            B                           per-request cost not tied to tokens (KV reads), ms
+``per_verified_token``     V = sum_r (K_r + 1)         target forward cost per token verified, ms
+``drafter_fixed``          [drafter ran]               fixed cost of the drafter pass, ms
+``drafter_per_request``    [drafter ran] * B           per-request cost of the drafter pass, ms
+``drafter_per_pass``       D (sequential only)         fixed cost of each further sequential drafter pass, ms
+``drafter_per_pass_req``   D * B (sequential only)     per-request cost of each sequential drafter pass, ms
+=========================  ==========================  ==========================================================
+
+For a uniform depth K, ``V = B * (K + 1)`` and the drafter ran iff ``K > 0``, which is the form
+``T = c0 + c1*B + c2*B*(K+1) + c3*[K>0] + c4*[K>0]*B``. P-EAGLE drafts all K tokens in one pass, so its drafter
+cost does not scale with K; sequential drafting (EAGLE-3 without parallel drafting) adds the last two features
+(``D`` = drafting depth). Writing the target cost in V (total verified tokens) lets the same model price per-request
+depths. When depth is applied by trimming drafts in the scheduler, the drafter still runs at its configured K even
+for a depth-0 step: pass ``drafter_ran=True`` then.
+
+Fitting minimises the n-weighted squared *relative* error with non-negative coefficients (scipy.optimize.nnls), so
+small-batch steps of a few ms count as much as large ones. `update` refines the fit online by recursive least squares
+with a forgetting factor. Everything the model returns is a prediction; the samples are measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from policies._acceptance import AcceptanceProfile
+
+__all__ = ["FEATURES", "PARALLEL_FEATURES", "SEQUENTIAL_FEATURES", "StepCostModel", "StepSample", "tokens_per_second"]
+
+PARALLEL_FEATURES: tuple[str, ...] = (
+    "base",
+    "per_request",
+    "per_verified_token",
+    "drafter_fixed",
+    "drafter_per_request",
+)
+"""Features of the P-EAGLE (parallel drafting) model: the drafter is one pass whatever K."""
+SEQUENTIAL_FEATURES: tuple[str, ...] = PARALLEL_FEATURES + ("drafter_per_pass", "drafter_per_pass_req")
+"""Features of the sequential-drafting model: each draft position costs one more drafter pass."""
+FEATURES = SEQUENTIAL_FEATURES
+"""Every feature name the model knows, in column order."""
+
+_STATE_VERSION = 1
+_P_TRACE_CAP = 1e6  # RLS covariance cap: stops wind-up when a direction is not excited (e.g. constant B)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step time (or the mean of ``n`` steps with the same shape).
+
+    ``batch_size``: requests in the step (B). ``depth``: verified draft depth K (0: plain decode); for per-request
+    depths, the drafting depth D (the deepest request). ``step_ms``: measured wall time of the step, ms.
+    ``verified_tokens``: sum over requests of (K_r + 1); None means ``B * (depth + 1)`` (uniform depth).
+    ``drafter_ran``: whether a drafter pass ran in the step; None means ``depth > 0``.
+    """
+
+    batch_size: int
+    depth: int
+    step_ms: float
+    n: int = 1
+    verified_tokens: int | None = None
+    drafter_ran: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, but got {self.batch_size}.")
+        if self.depth < 0:
+            raise ValueError(f"depth must be >= 0, but got {self.depth}.")
+        if not (math.isfinite(self.step_ms) and self.step_ms > 0):
+            raise ValueError(f"step_ms must be a finite time > 0 ms, but got {self.step_ms}.")
+        if self.n < 1:
+            raise ValueError(f"n (steps averaged) must be >= 1, but got {self.n}.")
+        if self.verified_tokens is not None and self.verified_tokens < self.batch_size:
+            raise ValueError(
+                f"verified_tokens counts K_r + 1 per request, so it must be >= batch_size={self.batch_size}, "
+                f"but got {self.verified_tokens}."
+            )
+
+    @property
+    def tokens(self) -> int:
+        """Verified tokens V in the step."""
+        return self.batch_size * (self.depth + 1) if self.verified_tokens is None else self.verified_tokens
+
+    @property
+    def drafted(self) -> bool:
+        return self.depth > 0 if self.drafter_ran is None else self.drafter_ran
+
+
+class StepCostModel:
+    """Linear, non-negative model of the engine step time T(B, K) in ms (see the module docstring).
+
+    Build it with `fit` from measured `StepSample`s or from stored coefficients (`from_dict`); refine online with
+    `update`. ``forgetting`` (0 < λ <= 1) is the RLS forgetting factor: the online estimate remembers about
+    ``1 / (1 - λ)`` updates.
+    """
+
+    def __init__(
+        self,
+        coefficients: Mapping[str, float],
+        *,
+        sequential: bool = False,
+        forgetting: float = 0.99,
+    ) -> None:
+        self.sequential = bool(sequential)
+        names = self.feature_names
+        unknown = sorted(set(coefficients) - set(names))
+        if unknown:
+            hint = " (sequential features need sequential=True)" if set(unknown) <= set(FEATURES) else ""
+            raise ValueError(f"Unknown step-cost features {unknown}{hint}; known: {list(names)}.")
+        values = [float(coefficients.get(n, 0.0)) for n in names]
+        for n, v in zip(names, values, strict=True):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"Step-cost coefficient {n!r} must be a finite number >= 0 (ms), but got {v}.")
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1], e.g. 0.99, but got {forgetting}.")
+        self.forgetting = float(forgetting)
+        self._theta = np.asarray(values, dtype=float)  # coefficients used for predictions, all >= 0
+        self._rls_theta: np.ndarray | None = None  # unconstrained RLS state, created at the first update
+        self._cov: np.ndarray | None = None  # RLS covariance, created at the first update
+        self._fit_samples: tuple[StepSample, ...] = ()
+        self._fit_stats: dict[str, float] | None = None
+
+    # ---- features and prediction -----------------------------------------------------------------------
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return SEQUENTIAL_FEATURES if self.sequential else PARALLEL_FEATURES
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """Current coefficients in ms per unit of each feature."""
+        return {n: float(v) for n, v in zip(self.feature_names, self._theta, strict=True)}
+
+    def features(
+        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int
+    ) -> np.ndarray:
+        """The feature row for a step (see the module docstring for each column)."""
+        d = 1.0 if drafter_ran else 0.0
+        row = [1.0, batch_size, verified_tokens, d, d * batch_size]
+        if self.sequential:
+            depth = draft_depth if drafter_ran else 0
+            row += [depth, depth * batch_size]
+        return np.asarray(row, dtype=float)
+
+    def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None) -> float:
+        """Predicted step time in ms for B requests all verifying K = ``depth`` drafts.
+
+        ``drafter_ran`` defaults to ``depth > 0``; pass True when depth 0 is reached by trimming drafts (the drafter
+        still ran).
+        """
+        ran = depth > 0 if drafter_ran is None else drafter_ran
+        return self.predict_tokens(batch_size, batch_size * (depth + 1), ran, depth)
+
+    def predict_tokens(
+        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int = 0
+    ) -> float:
+        """Predicted step time in ms for B requests verifying V tokens in total (per-request depths)."""
+        return float(self.features(batch_size, verified_tokens, drafter_ran, draft_depth) @ self._theta)
+
+    def goodput(
+        self, batch_size: int, depth: int, acceptance_length: float, drafter_ran: bool | None = None
+    ) -> float:
+        """Predicted tokens/s: ``B * AL / T(B, K) * 1000`` (AL in tokens per request per step)."""
+        return tokens_per_second(batch_size, acceptance_length, self.predict(batch_size, depth, drafter_ran))
+
+    def best_depth(
+        self,
+        batch_size: int,
+        acceptance: AcceptanceProfile | Callable[[int], float] | Sequence[float],
+        max_k: int,
+        drafter_ran_at_zero: bool = False,
+    ) -> int:
+        """The uniform depth K in [0, max_k] with the highest predicted goodput (smallest K on ties).
+
+        ``acceptance``: a profile, a function ``k -> AL(k)``, or a table ``[AL(0), ..., AL(max_k)]``.
+        ``drafter_ran_at_zero``: True when K=0 still pays the drafter (depth applied by trimming).
+        """
+        if max_k < 0:
+            raise ValueError(f"max_k must be >= 0, but got {max_k}.")
+        al = _al_function(acceptance, max_k)
+        best_k, best_g = 0, -math.inf
+        for k in range(max_k + 1):
+            g = self.goodput(batch_size, k, al(k), drafter_ran=True if drafter_ran_at_zero else None)
+            if g > best_g * (1 + 1e-12):
+                best_k, best_g = k, g
+        return best_k
+
+    # ---- fitting ---------------------------------------------------------------------------------------
+    @classmethod
+    def fit(
+        cls, samples: Sequence[StepSample], *, sequential: bool = False, forgetting: float = 0.99
+    ) -> StepCostModel:
+        """Least-squares fit (non-negative coefficients) of measured step times.
+
+        Minimises ``sum_j n_j * ((T_pred_j - step_ms_j) / step_ms_j)^2``. The coefficients are identifiable only if
+        the samples include plain-decode steps (K=0, no drafter), at least two different depths > 0 and at least
+        two batch sizes; otherwise the fit still predicts the sampled region but individual coefficients mean little.
+        """
+        samples = tuple(samples)
+        model = cls({}, sequential=sequential, forgetting=forgetting)
+        if len(samples) < 2:
+            raise ValueError(
+                f"Fitting a step-cost model needs at least 2 samples (ideally a grid of batch sizes x depths "
+                f"including K=0), but got {len(samples)}."
+            )
+        x, y, w = model._design(samples)
+        scale = np.sqrt(w) / y
+        theta, _ = optimize.nnls(x * scale[:, None], y * scale)
+        model._theta = np.asarray(theta, dtype=float)
+        model._fit_samples = samples
+        model._fit_stats = model._error_stats(samples)
+        return model
+
+    def fit_error(self) -> dict[str, float]:
+        """Error of the predictions on the samples the model was fit on (measured vs predicted).
+
+        Keys: ``median_rel_error`` and ``max_rel_error`` (|pred - measured| / measured), ``r2`` (n-weighted
+        coefficient of determination on ms), ``num_samples``. Online `update`s do not change it.
+        """
+        if self._fit_stats is None:
+            raise ValueError(
+                "This step-cost model was not fit on samples (it was built from coefficients), so it has no fit "
+                "error. Use StepCostModel.fit(samples) or evaluate on held-out samples with error_on(samples)."
+            )
+        return dict(self._fit_stats)
+
+    def error_on(self, samples: Sequence[StepSample]) -> dict[str, float]:
+        """The same statistics as `fit_error`, on any samples (e.g. held-out measurements)."""
+        samples = tuple(samples)
+        if not samples:
+            raise ValueError("error_on needs at least one sample.")
+        return self._error_stats(samples)
+
+    def _design(self, samples: Sequence[StepSample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = np.stack([self.features(s.batch_size, s.tokens, s.drafted, s.depth) for s in samples])
+        y = np.asarray([s.step_ms for s in samples], dtype=float)
+        w = np.asarray([s.n for s in samples], dtype=float)
+        return x, y, w
+
+    def _error_stats(self, samples: Sequence[StepSample]) -> dict[str, float]:
+        x, y, w = self._design(samples)
+        pred = x @ self._theta
+        rel = np.abs(pred - y) / y
+        mean = float(np.average(y, weights=w))
+        ss_tot = float(np.sum(w * (y - mean) ** 2))
+        ss_res = float(np.sum(w * (y - pred) ** 2))
+        r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+        return {
+            "median_rel_error": float(np.median(rel)),
+            "max_rel_error": float(np.max(rel)),
+            "r2": r2,
+            "num_samples": float(len(samples)),
+        }
+
+    # ---- online refinement -----------------------------------------------------------------------------
+    def update(self, sample: StepSample) -> None:
+        """Refine the coefficients with one measured step by recursive least squares with forgetting.
+
+        Same relative-error weighting as `fit`. The RLS state itself is unconstrained (projecting it would break the
+        recursion); the coefficients used for predictions are its non-negative part. The covariance is capped so
+        that directions the live traffic does not excite (e.g. a constant batch size) do not wind up.
+        Cost: O(F^2) for F features (F <= 7).
+        """
+        x = self.features(sample.batch_size, sample.tokens, sample.drafted, sample.depth)
+        scale = math.sqrt(sample.n) / sample.step_ms
+        x = x * scale
+        y = sample.step_ms * scale
+        if self._cov is None or self._rls_theta is None:
+            self._cov = self._initial_cov()
+            self._rls_theta = self._theta.copy()
+        p = self._cov
+        px = p @ x
+        gain = px / (self.forgetting + float(x @ px))
+        self._rls_theta = self._rls_theta + gain * (y - float(x @ self._rls_theta))
+        self._theta = np.maximum(self._rls_theta, 0.0)
+        p = p - np.outer(gain, px)
+        p = 0.5 * (p + p.T)
+        if float(np.trace(p)) / self.forgetting <= _P_TRACE_CAP:
+            p = p / self.forgetting
+        self._cov = p
+
+    def _initial_cov(self) -> np.ndarray:
+        dim = len(self.feature_names)
+        if self._fit_samples:
+            x, y, w = self._design(self._fit_samples)
+            scaled = x * (np.sqrt(w) / y)[:, None]
+            info = scaled.T @ scaled
+            # A small ridge keeps unidentified directions finite instead of infinite.
+            return np.asarray(np.linalg.inv(info + 1e-6 * np.eye(dim)), dtype=float)
+        return np.eye(dim) * 1e3
+
+    # ---- (de)serialising -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state: coefficients (ms per feature unit), options and the fit error (if fit)."""
+        return {
+            "version": _STATE_VERSION,
+            "sequential": self.sequential,
+            "forgetting": self.forgetting,
+            "coefficients": self.coefficients,
+            "fit_error": self._fit_stats,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCostModel:
+        """Inverse of `to_dict` (the fit samples are not stored; `fit_error` is)."""
+        known = {"version", "sequential", "forgetting", "coefficients", "fit_error"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Unknown step-cost model keys {unknown}; known: {sorted(known)}.")
+        version = data.get("version", _STATE_VERSION)
+        if version != _STATE_VERSION:
+            raise ValueError(f"Step-cost model state version {version!r} is not supported (expected 1).")
+        if not isinstance(data.get("coefficients"), Mapping):
+            raise ValueError("Step-cost model state needs 'coefficients': a mapping of feature name to ms.")
+        model = cls(
+            data["coefficients"],
+            sequential=bool(data.get("sequential", False)),
+            forgetting=float(data.get("forgetting", 0.99)),
+        )
+        stats = data.get("fit_error")
+        model._fit_stats = None if stats is None else {str(k): float(v) for k, v in stats.items()}
+        return model
+
+    def __repr__(self) -> str:
+        coefs = ", ".join(f"{n}={v:.4g}" for n, v in self.coefficients.items())
+        return f"StepCostModel({coefs}, sequential={self.sequential})"
+
+
+def tokens_per_second(batch_size: int, acceptance_length: float, step_ms: float) -> float:
+    """Tokens/s of a step: ``batch_size * acceptance_length / step_ms * 1000``.
+
+    Example: 32 requests, AL 2.5 tokens per request per step, 20 ms per step -> 4000 tokens/s.
+    """
+    if step_ms <= 0:
+        raise ValueError(f"step_ms must be > 0, but got {step_ms}.")
+    return batch_size * acceptance_length / step_ms * 1000.0
+
+
+def _al_function(
+    acceptance: AcceptanceProfile | Callable[[int], float] | Sequence[float], max_k: int
+) -> Callable[[int], float]:
+    if isinstance(acceptance, AcceptanceProfile):
+        table = acceptance.acceptance_lengths(max_k)
+        return lambda k: float(table[k])
+    if callable(acceptance):
+        return acceptance
+    values = [float(v) for v in acceptance]
+    if len(values) < max_k + 1:
+        raise ValueError(
+            f"An AL table must hold [AL(0), ..., AL(max_k)] = {max_k + 1} values, but got {len(values)}."
+        )
+    return lambda k: values[k]

@@ -1,0 +1,125 @@
+"""Step-cost model: fitting known coefficients, online RLS refinement, goodput and the best uniform depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies import AcceptanceProfile, StepCostModel, StepSample, tokens_per_second
+
+TRUE = {
+    "base": 5.0,  # ms per step
+    "per_request": 0.05,  # ms per request
+    "per_verified_token": 0.02,  # ms per verified token
+    "drafter_fixed": 1.5,  # ms per drafter pass
+    "drafter_per_request": 0.01,  # ms per request in the drafter pass
+}
+GRID = [(b, k) for b in (1, 4, 16, 64, 256) for k in range(8)]
+
+
+def _samples(model: StepCostModel, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
+    rng = np.random.default_rng(seed)
+    return [StepSample(b, k, model.predict(b, k) * (1 + noise * rng.standard_normal())) for b, k in GRID]
+
+
+def test_predict_matches_the_documented_formula() -> None:
+    model = StepCostModel(TRUE)
+    # T = c0 + c1 B + c2 B (K+1) + c3 [K>0] + c4 [K>0] B. B=64, K=4: 5 + 3.2 + 6.4 + 1.5 + 0.64 = 16.74 ms.
+    assert model.predict(64, 4) == pytest.approx(16.74)
+    # K=0 is plain decode, no drafter: 5 + 3.2 + 1.28 = 9.48 ms.
+    assert model.predict(64, 0) == pytest.approx(9.48)
+    # Trimming to depth 0 still pays the drafter: 9.48 + 1.5 + 0.64.
+    assert model.predict(64, 0, drafter_ran=True) == pytest.approx(11.62)
+    # Per-request depths: 64 requests verifying 200 tokens in total: 5 + 3.2 + 4 + 1.5 + 0.64.
+    assert model.predict_tokens(64, 200, drafter_ran=True) == pytest.approx(14.34)
+
+
+def test_fit_recovers_known_coefficients_from_exact_samples() -> None:
+    fitted = StepCostModel.fit(_samples(StepCostModel(TRUE)))
+    # The grid has K=0 and several K>0 at several B, so every coefficient is identifiable; exact data -> exact fit.
+    for name, value in TRUE.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-6)
+    err = fitted.fit_error()
+    assert err["max_rel_error"] < 1e-6 and err["r2"] == pytest.approx(1.0) and err["num_samples"] == 40
+
+
+def test_fit_with_measurement_noise_predicts_within_noise() -> None:
+    truth = StepCostModel(TRUE)
+    fitted = StepCostModel.fit(_samples(truth, noise=0.01, seed=1))
+    # 1% Gaussian noise on 40 samples: each sample is off by ~1% (max of 40 normals ~2.5 sigma), and the fitted
+    # 5-parameter surface averages the noise out, so it sits within 3 sigma = 3% of the truth everywhere on the grid.
+    for b, k in GRID:
+        assert fitted.predict(b, k) == pytest.approx(truth.predict(b, k), rel=0.03)
+    assert fitted.fit_error()["median_rel_error"] < 0.01  # median |N(0, 1%)| = 0.67%
+    assert all(v >= 0 for v in fitted.coefficients.values())
+
+
+def test_sequential_model_recovers_per_pass_cost() -> None:
+    truth = StepCostModel({**TRUE, "drafter_per_pass": 0.8, "drafter_per_pass_req": 0.002}, sequential=True)
+    fitted = StepCostModel.fit(_samples(truth), sequential=True)
+    assert fitted.coefficients["drafter_per_pass"] == pytest.approx(0.8, rel=1e-5)
+    # Each extra sequential pass costs 0.8 + 0.002 B ms: at B=16, K=5 vs K=4 differ by one pass + 16 tokens.
+    assert fitted.predict(16, 5) - fitted.predict(16, 4) == pytest.approx(0.8 + 0.032 + 16 * 0.02, rel=1e-5)
+
+
+def test_fit_needs_two_samples() -> None:
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        StepCostModel.fit([StepSample(1, 0, 5.0)])
+
+
+def test_rls_update_converges_to_the_truth() -> None:
+    truth = StepCostModel(TRUE)
+    online = StepCostModel({k: 1.5 * v for k, v in TRUE.items()}, forgetting=0.99)  # 50% off everywhere
+    rng = np.random.default_rng(2)
+    for _ in range(1000):
+        b, k = GRID[int(rng.integers(len(GRID)))]
+        online.update(StepSample(b, k, truth.predict(b, k)))
+    # Noise-free samples that excite every feature: RLS converges to the exact solution.
+    for b, k in GRID:
+        assert online.predict(b, k) == pytest.approx(truth.predict(b, k), rel=0.01)
+
+
+def test_rls_update_tracks_a_change_after_a_fit() -> None:
+    before = StepCostModel(TRUE)
+    model = StepCostModel.fit(_samples(before), forgetting=0.95)
+    after = StepCostModel({**TRUE, "per_verified_token": 0.04})  # e.g. the GPU got busier: tokens cost 2x
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        b, k = GRID[int(rng.integers(len(GRID)))]
+        model.update(StepSample(b, k, after.predict(b, k)))
+    # Forgetting 0.95 remembers ~20 updates, so after 400 the old regime has no weight left.
+    assert model.predict(256, 7) == pytest.approx(after.predict(256, 7), rel=0.02)
+    assert model.fit_error()["num_samples"] == 40  # fit error stays about the fit samples
+
+
+def test_goodput_and_best_depth() -> None:
+    assert tokens_per_second(32, 2.5, 20.0) == pytest.approx(4000.0)  # 32 * 2.5 / 20 ms * 1000
+    # T = 10 + B (K + 1) ms, AL = [1, 1.8, 2.4, 2.7] (the worked example).
+    model = StepCostModel({"base": 10.0, "per_verified_token": 1.0})
+    table = [1.0, 1.8, 2.4, 2.7]
+    # B=1: AL/T = 1/11, 1.8/12, 2.4/13, 2.7/14 = .091, .150, .185, .193 -> K=3.
+    assert model.best_depth(1, table, 3) == 3
+    assert model.goodput(1, 3, 2.7) == pytest.approx(2.7 / 14 * 1000)
+    # B=100: 1/110 = .00909 beats 1.8/210 = .00857 (and deeper is worse): speculation does not pay -> K=0.
+    assert model.best_depth(100, table, 3) == 0
+    # A profile and a callable work the same way.
+    profile = AcceptanceProfile(100, (80, 60, 30))
+    assert model.best_depth(1, profile, 3) == 3
+    assert model.best_depth(1, profile.acceptance_length, 3) == 3
+
+
+def test_dict_round_trip_and_validation() -> None:
+    model = StepCostModel.fit(_samples(StepCostModel(TRUE)))
+    again = StepCostModel.from_dict(model.to_dict())
+    assert again.predict(64, 3) == pytest.approx(model.predict(64, 3))
+    assert again.fit_error() == model.fit_error()
+    with pytest.raises(ValueError, match="Unknown step-cost model keys"):
+        StepCostModel.from_dict({**model.to_dict(), "extra": 1})
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+        StepCostModel({"base": -1.0})
+    with pytest.raises(ValueError, match="sequential=True"):
+        StepCostModel({"drafter_per_pass": 1.0})
+    with pytest.raises(ValueError, match="no fit error"):
+        StepCostModel(TRUE).fit_error()
+    with pytest.raises(ValueError, match="step_ms must be a finite time > 0"):
+        StepSample(1, 0, 0.0)
