@@ -16,10 +16,15 @@ class with the same cap/floor are one cohort, so a step costs O(classes * max_k)
 drafting the drafter cost grows with the deepest request D, so the sweep runs once per D.
 
 Stability and cost. Per-class AL tables and the cost coefficients are refreshed every ``refresh_every`` decisions,
-not every step. A new plan replaces the current one only if its predicted goodput beats the current plan's (on the
-same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan has been preferred for ``patience``
-consecutive steps. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap,
-so acceptance at positions the plan no longer verifies keeps being measured (otherwise K=0 would be forever).
+not every step; between refreshes the optimisation is re-run only when ``reoptimize_churn`` (5%) of the batch has
+changed, otherwise the last optimum is re-priced on the current batch. A `TrackedBatch` (kept up to date by the
+scheduler's add/remove) makes a step independent of B. A new plan replaces the current one only if its predicted
+goodput beats the current plan's (on the same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan
+has been preferred for ``patience`` consecutive steps.
+
+Exploration. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap, so
+acceptance at positions the plan no longer verifies keeps being measured (at K=0 nothing would be measured and only
+the estimator's slow drift back to its prior would ever restart speculation).
 
 Robustness. `decide` raises ordinary exceptions (never swallows them); a caller that must not fail uses
 `decide_or_fallback`, which returns the static depth (`fallback_depth`) with ``fallback=True``.
@@ -36,6 +41,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -163,7 +169,8 @@ class Decision:
     ``batch_depth``: the deepest depth any request of the batch gets (what the drafter must propose).
     ``predicted_goodput``: tokens/s and ``predicted_step_ms``: ms, both predicted. ``explore``: request ids that verify
     at their cap this step to keep measuring deep positions. ``fallback``: True when this is the static fallback;
-    ``reason`` says why.
+    ``reason`` says why. ``batch`` is the object passed to `decide`; for a `TrackedBatch` that keeps changing, read
+    `depths` in the same step (or use `depth_for`).
     """
 
     plan: Mapping[str, int]
@@ -380,7 +387,9 @@ class DepthController:
             if view is None:
                 view = next(v for v in batch if v.request_id == rid)
             batch_depth = max(batch_depth, max_k if view.max_k is None else min(view.max_k, max_k))
-        decision = Decision(merged, self.static_k, max_k, batch_depth, 1000.0 * n_cur / ms_cur, ms_cur, batch, explore)
+        decision = Decision(
+            MappingProxyType(merged), self.static_k, max_k, batch_depth, 1000.0 * n_cur / ms_cur, ms_cur, batch, explore
+        )
         self._last = (key, decision) if not explore else None
         return decision
 

@@ -17,6 +17,11 @@ class gets exactly the global estimate and a rarely seen one leans on it. The gl
 (and the seeded priors, weighted equally), with a fixed Jeffreys-like floor of one pseudo-trial at rate 0.5 so that it
 is defined before any data.
 
+With no new evidence (e.g. the controller stopped verifying a position), the decayed counts shrink until the fixed
+floor and the shrinkage dominate, so the estimate drifts back towards the global/uninformative value over roughly
+``ln(N) / (1 - decay)`` steps for N saturated trials; the controller then probes again. `DepthController`'s
+exploration requests measure such positions directly and much sooner.
+
 All outputs are estimates from measured counts; AL beyond ``max_k`` is extrapolated (see `policies.acceptance_length`).
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -15,7 +17,7 @@ from store.exceptions import DatabaseUnavailableError
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _DRIVER_INSTALL_HINTS = {
-    "postgresql": "pip install 'peagle-tune[postgres]'  (installs psycopg 3; use a postgresql:// or postgresql+psycopg:// URL)",
+    "postgresql": "pip install 'peagle-tune[postgres]'  (psycopg 3, for postgresql:// and postgresql+psycopg:// URLs)",
     "mysql": "pip install pymysql  (and use a mysql+pymysql:// URL)",
 }
 
@@ -56,9 +58,30 @@ def _install_sqlite_pragmas(engine: Engine, *, file_db: bool) -> None:
         cursor = dbapi_connection.cursor()
         try:
             if file_db:
-                # WAL lets Optuna workers and `peagle-tune show` read while a search writes.
-                cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                # WAL lets Optuna workers and `peagle-tune show` read while a search writes.
+                _enable_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (persistent in the file), retrying while other processes hold it.
+
+    SQLite answers "database is locked" at once, without its busy handler, when another connection holds the file
+    during the switch (several workers opening a new database together), so retry for up to the busy timeout.
+    """
+    if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay_s > deadline:
+                raise
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.5)

@@ -152,8 +152,10 @@ class SchemaStatus:
 def schema_status(connection: Connection) -> SchemaStatus:
     """Classify the database's peagle schema relative to this peagle-tune's head revision."""
     head = head_revision()
-    current = current_revision(connection)
+    # Tables before the revision: a concurrent creator commits both at once, and without a snapshot (SQLite
+    # autocommit reads) reading in this order never pairs "no revision yet" with "tables just appeared".
     tables = tuple(our_tables(connection))
+    current = current_revision(connection)
     if current is None:
         state = SchemaState.UNVERSIONED if tables else SchemaState.FRESH
     elif current == head:

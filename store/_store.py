@@ -63,7 +63,7 @@ Direction = Literal["maximize", "minimize"]
 MINIMIZE_HINTS: tuple[str, ...] = ("_ms", "latency", "tpot", "ttft", "cost")
 
 
-# Words in driver messages (psycopg2, pymysql) that mean the connection itself failed.
+# Words in driver messages (psycopg, psycopg2, pymysql) that mean the connection itself failed.
 _CONNECT_FAILURE_HINTS: tuple[str, ...] = (
     "connect",
     "could not translate host",
@@ -222,8 +222,8 @@ class Store:
         if isinstance(exc, OperationalError | InterfaceError | DisconnectionError):
             if "database is locked" in lowered or "database is busy" in lowered:
                 return DatabaseUnavailableError(
-                    f"{masked} is locked: another process held its write lock for more than "
-                    f"{SQLITE_BUSY_TIMEOUT_MS // 1000} s ({detail}). Wait for that process to finish, or give this "
+                    f"{masked} is locked by another process ({detail}; peagle-tune waits up to "
+                    f"{SQLITE_BUSY_TIMEOUT_MS // 1000} s for a lock). Wait for that process to finish, or give this "
                     "run its own database with --db or PEAGLE_DB."
                 )
             if sqlite_file and any(k in lowered for k in ("unable to open", "readonly", "read-only", "disk i/o")):

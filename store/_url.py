@@ -28,7 +28,7 @@ def normalize_db_url(url_or_path: str) -> str:
     if not text:
         raise DatabaseUnavailableError(
             "The database URL is empty. Pass a SQLAlchemy URL (sqlite:////abs/path/peagle.db, "
-            f"postgresql+psycopg2://user:pass@host/db) or a file path, or unset {DB_ENV_VAR} to use the default."
+            f"postgresql+psycopg://user:pass@host/db) or a file path, or unset {DB_ENV_VAR} to use the default."
         )
     if "://" in text:
         return text
@@ -57,7 +57,7 @@ def parse_db_url(url: str) -> URL:
     except (ArgumentError, ValueError) as exc:
         raise DatabaseUnavailableError(
             f"Cannot parse the database URL {mask_password(url)!r}: {exc}. Use a SQLAlchemy URL such as "
-            "sqlite:////abs/path/peagle.db or postgresql+psycopg2://user:password@host:5432/dbname, or a plain file "
+            "sqlite:////abs/path/peagle.db or postgresql+psycopg://user:password@host:5432/dbname, or a plain file "
             "path."
         ) from exc
 

@@ -48,6 +48,7 @@ SPEC_COUNTERS = {
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 _phase = "start"
+_engine: Any = None
 
 
 def _enter(phase: str) -> None:
@@ -116,7 +117,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     _enter("load")
     t = time.perf_counter()
-    llm = LLM(model=job["model"], **job["engine_kwargs"])
+    global _engine
+    llm = _engine = LLM(model=job["model"], **job["engine_kwargs"])
     timings["load_s"] = time.perf_counter() - t
     tokenizer = llm.get_tokenizer()
 
@@ -178,6 +180,18 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)  # atomic: the parent never reads half a result
 
 
+def _shutdown_engine() -> None:
+    """Stop the engine core at once (the result is already written); the default shutdown waits ~5 s for
+    the engine's worker process before killing it anyway."""
+    core = getattr(getattr(_engine, "llm_engine", None), "engine_core", None)
+    if core is None:
+        return
+    try:
+        core.shutdown(timeout=0)
+    except Exception:  # the parent kills the whole process group next, whatever happens here
+        traceback.print_exc()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m autotune.backends._vllm_worker JOB.json RESULT.json", file=sys.stderr)
@@ -198,6 +212,7 @@ def main(argv: list[str]) -> int:
         }
     _write_json(Path(argv[1]), result)
     sys.stdout.flush()
+    _shutdown_engine()
     return 0 if result["ok"] else 1
 
 

@@ -29,11 +29,12 @@ def errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from policies import PolicyFileError
         from store import StoreError
 
         try:
             return fn(*args, **kwargs)
-        except UsageError as exc:
+        except (UsageError, PolicyFileError) as exc:
             raise UsageFailure(str(exc)) from exc
         except (PeagleError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,631 @@
+"""The numbers behind each report figure, derived from stored records (no plotting here).
+
+Each ``*Data`` object carries its own provenance line (`caption`): what was measured (device, vLLM version, date) or
+predicted (model backend, GPU assumed, profile used). Builders never raise for missing optional inputs; they return
+None and the report says why in `notes`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config import MAX_K, Scenario, SpecConfig
+from autotune.exceptions import PeagleError
+from policies import AcceptanceProfile, StepCostModel, StepSample
+from store import ProfileRecord, RecommendationRecord, TrialRecord, default_direction
+
+CONFIDENCE = 0.95
+"""Confidence level of every interval the report draws."""
+
+
+# ------------------------------------------------------------------------------------------------ data classes
+
+
+@dataclass(frozen=True)
+class ClassAcceptance:
+    """Acceptance of one workload class: survival per draft position and AL(K), with 95% intervals."""
+
+    name: str
+    num_drafts: int
+    """Drafts measured (0 for curves predicted from a published figure)."""
+    survival: list[float]
+    """``survival[i]`` = P(first i+1 drafts accepted), positions 1..len."""
+    survival_low: list[float]
+    survival_high: list[float]
+    acceptance_length: list[float]
+    """``[AL(0), ..., AL(max_k)]`` in tokens per request per step (bonus token included)."""
+    al_low: list[float]
+    al_high: list[float]
+    references: list[tuple[int, float, str]] = field(default_factory=list)
+    """Published points (K, AL, label) from the drafter catalog."""
+
+
+@dataclass(frozen=True)
+class AcceptanceData:
+    title: str
+    caption: str
+    measured: bool
+    classes: list[ClassAcceptance]
+    max_k: int
+    reference_note: str = ""
+    """Where the published points come from (shown under the figure)."""
+
+
+@dataclass(frozen=True)
+class StepCostData:
+    """T(B, K) in ms: measured samples (if any) and a model's prediction per depth over batch size."""
+
+    title: str
+    caption: str
+    measured: bool
+    samples: list[tuple[int, int, float, int]]
+    """Measured (batch_size, depth, step_ms, n)."""
+    model_lines: dict[int, list[tuple[int, float]]]
+    """depth -> [(batch_size, predicted step_ms)]."""
+    model_label: str
+    """Legend text of the model lines, with its fit error when known."""
+
+
+@dataclass(frozen=True)
+class GoodputData:
+    """Predicted tokens/s against K for each batch size."""
+
+    title: str
+    caption: str
+    source: str
+    """"profile" (measured acceptance + fitted step cost) or "model backend"."""
+    ks: list[int]
+    tokens_per_s: dict[int, list[float]]
+    """batch_size -> tokens/s per K in `ks` (nan where the config cannot run)."""
+    published_k: int | None = None
+
+    def best_k(self, batch_size: int) -> int | None:
+        """K with the highest tokens/s at `batch_size` (smallest K on ties within 1e-9); None if all are nan."""
+        values = self.tokens_per_s[batch_size]
+        best: tuple[int, float] | None = None
+        for k, v in zip(self.ks, values, strict=True):
+            if math.isfinite(v) and (best is None or v > best[1] * (1 + 1e-9)):
+                best = (k, v)
+        return None if best is None else best[0]
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    number: int
+    status: str
+    values: dict[str, float]
+    group: str
+    """Drafter / parallel-drafting label used for the colour."""
+    k: int
+    max_num_seqs: int
+    label: str
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StudyData:
+    study: str
+    model: str
+    objectives: list[str]
+    directions: dict[str, str]
+    trials: list[TrialPoint]
+    caption: str
+    scenario: str
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) >= 2
+
+    def best(self) -> TrialPoint | None:
+        """The best complete trial on the first objective."""
+        if not self.objectives:
+            return None
+        obj = self.objectives[0]
+        done = [t for t in self.trials if t.status == "complete" and obj in t.values]
+        if not done:
+            return None
+        sign = 1.0 if self.directions[obj] == "maximize" else -1.0
+        return max(done, key=lambda t: (sign * t.values[obj], -t.number))
+
+    def pareto(self) -> list[TrialPoint]:
+        """Complete trials that no other complete trial beats on both of the first two objectives."""
+        if not self.multi_objective:
+            return []
+        a, b = self.objectives[:2]
+        sa = 1.0 if self.directions[a] == "maximize" else -1.0
+        sb = 1.0 if self.directions[b] == "maximize" else -1.0
+        pts = [t for t in self.trials if t.status == "complete" and a in t.values and b in t.values]
+
+        def dominates(p: TrialPoint, q: TrialPoint) -> bool:
+            pa, pb, qa, qb = sa * p.values[a], sb * p.values[b], sa * q.values[a], sb * q.values[b]
+            return pa >= qa and pb >= qb and (pa > qa or pb > qb)
+
+        front = [q for q in pts if not any(dominates(p, q) for p in pts)]
+        return sorted(front, key=lambda t: t.values[a])
+
+
+# ------------------------------------------------------------------------------------------------ labels
+
+
+def _date(value: dt.datetime | str | None) -> str:
+    if value is None:
+        return "date unknown"
+    if isinstance(value, str):
+        return value[:10]
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d")
+
+
+def profile_label(profile: ProfileRecord) -> str:
+    return f"profile #{profile.id}"
+
+
+def measured_caption(profile: ProfileRecord) -> str:
+    """``Measured: profile #3 (drafter X, workload W) on cpu, vLLM 0.32.0, 2026-01-31``."""
+    device = f"{profile.gpu_count}x {profile.device}" if profile.gpu_count > 1 else profile.device
+    what = "live serving stats" if profile.kind == "live" else "offline profiling run"
+    return (
+        f"Measured ({what}): {profile_label(profile)}, drafter {profile.drafter or '?'}"
+        f"{' +parallel drafting' if profile.parallel_drafting else ''}, workload {profile.workload_name or '?'}; "
+        f"on {device}, vLLM {profile.vllm_version or 'version unknown'}, {_date(profile.created_at)}."
+    )
+
+
+def provenance_caption(provenance: dict[str, Any]) -> str:
+    """One line for a stored provenance dict (a trial's or a recommendation's)."""
+    kind = provenance.get("kind")
+    device = provenance.get("device") or "an unknown device"
+    if kind == "measured":
+        return (
+            f"Measured on {device}, vLLM {provenance.get('vllm_version') or 'version unknown'}, "
+            f"{_date(provenance.get('date'))}."
+        )
+    if kind == "predicted":
+        return (
+            f"Predicted by the {provenance.get('backend') or 'model'} backend for {device} (GPU assumed, not measured), "
+            f"from {provenance.get('profile') or 'an unknown profile'}."
+        )
+    return "Source unknown (no provenance stored)."
+
+
+def kind_of(provenance: dict[str, Any]) -> str:
+    """"measured", "predicted" or "unknown"."""
+    kind = provenance.get("kind")
+    return str(kind) if kind in ("measured", "predicted") else "unknown"
+
+
+def config_label(config: dict[str, Any]) -> str:
+    try:
+        return SpecConfig.from_dict(config).label()
+    except (PeagleError, TypeError):
+        return str(config)
+
+
+def short_name(name: str | None) -> str:
+    return (name or "?").rstrip("/").split("/")[-1]
+
+
+# ------------------------------------------------------------------------------------------------ acceptance
+
+
+def _references(drafter_name: str | None, model: str) -> tuple[dict[str, Any], str, int | None]:
+    """The catalog's published acceptance of a drafter: ({dataset: ref}, note, recommended K)."""
+    if not drafter_name:
+        return {}, "", None
+    try:
+        from autotune.catalogs import get_drafter
+
+        spec = get_drafter(drafter_name, target=model)
+    except (PeagleError, ValueError):
+        return {}, "", None
+    refs = dict(spec.reference_acceptance)
+    note = ""
+    if refs:
+        first = next(iter(refs.values()))
+        note = f"Published points: {str(first['source'])[:220]}"
+    return refs, note, spec.recommended_k
+
+
+def _class_refs(cls: str, refs: dict[str, Any]) -> list[tuple[int, float, str]]:
+    from autotune.workloads import REFERENCE_FOR_CLASS
+
+    dataset = cls if cls in refs else REFERENCE_FOR_CLASS.get(cls)
+    if dataset is None or dataset not in refs:
+        return []
+    ref = refs[dataset]
+    return [(int(ref["k"]), float(ref["acceptance_length"]), f"published {dataset}")]
+
+
+def _class_acceptance(
+    name: str, profile: AcceptanceProfile, max_k: int, measured: bool, refs: list[tuple[int, float, str]]
+) -> ClassAcceptance:
+    survival = profile.survival().tolist()
+    lows, highs = [], []
+    for i in range(profile.max_k):
+        lo, hi = profile.survival_interval(i, CONFIDENCE)
+        lows.append(lo)
+        highs.append(hi)
+    als = profile.acceptance_lengths(max_k).tolist()
+    al_lo, al_hi = [], []
+    for k in range(max_k + 1):
+        lo, hi = profile.acceptance_length_interval(k, CONFIDENCE)
+        al_lo.append(lo)
+        al_hi.append(hi)
+    return ClassAcceptance(
+        name=name,
+        num_drafts=profile.num_drafts if measured else 0,
+        survival=survival,
+        survival_low=lows,
+        survival_high=highs,
+        acceptance_length=als,
+        al_low=al_lo,
+        al_high=al_hi,
+        references=refs,
+    )
+
+
+def profile_acceptances(profile: ProfileRecord) -> tuple[dict[str, AcceptanceProfile], list[str]]:
+    """Per-class `AcceptanceProfile`s of a stored profile, and notes on the classes that had to be skipped."""
+    out: dict[str, AcceptanceProfile] = {}
+    notes: list[str] = []
+    for cls, entry in sorted(profile.acceptance.items()):
+        counts = list(entry.get("accepted_per_position") or [])
+        try:
+            out[cls] = AcceptanceProfile(int(entry.get("num_drafts", 0)), tuple(counts))
+        except ValueError as exc:
+            notes.append(f"{profile_label(profile)}: class {cls!r} skipped ({exc})")
+    return out, notes
+
+
+def acceptance_from_profile(profile: ProfileRecord) -> tuple[AcceptanceData | None, list[str]]:
+    """Measured acceptance per class and position (with 95% Clopper-Pearson intervals) and AL(K) for K <= max_k."""
+    per_class, notes = profile_acceptances(profile)
+    if not per_class:
+        return None, notes + [f"{profile_label(profile)} holds no usable acceptance counts."]
+    refs, ref_note, _ = _references(profile.drafter, profile.model)
+    max_k = max(p.max_k for p in per_class.values())
+    classes = [
+        _class_acceptance(cls, p, p.max_k, True, _class_refs(cls, refs)) for cls, p in per_class.items()
+    ]
+    title = f"{short_name(profile.model)} / {short_name(profile.drafter)} on {profile.workload_name or '?'}"
+    return (
+        AcceptanceData(
+            title=title,
+            caption=measured_caption(profile),
+            measured=True,
+            classes=classes,
+            max_k=max_k,
+            reference_note=ref_note,
+        ),
+        notes,
+    )
+
+
+def acceptance_from_catalog(model: str, drafter: str, max_k: int | None = None) -> AcceptanceData | None:
+    """AL(K) predicted from the drafter's published acceptance (one curve per published benchmark).
+
+    Each curve is the constant-rate fit through the published point (`AcceptanceProfile.from_acceptance_length`),
+    the same acceptance the model backend predicts with when no profile exists.
+    """
+    from autotune.catalogs import get_drafter
+    from autotune.workloads import REFERENCE_FOR_CLASS
+
+    try:
+        spec = get_drafter(drafter, target=model)
+    except (PeagleError, ValueError):
+        return None
+    refs = dict(spec.reference_acceptance)
+    if not refs:
+        return None
+    depth = max_k or spec.trained_k or 8
+    depth = max(1, min(depth, MAX_K))
+    class_of = {dataset: cls for cls, dataset in REFERENCE_FOR_CLASS.items()}
+    classes = []
+    for dataset, ref in refs.items():
+        prof = AcceptanceProfile.from_acceptance_length(float(ref["acceptance_length"]), int(ref["k"]), max_k=depth)
+        name = f"{dataset} ({class_of[dataset]})" if dataset in class_of else dataset
+        point = [(int(ref["k"]), float(ref["acceptance_length"]), f"published {dataset}")]
+        classes.append(_class_acceptance(name, prof, depth, False, point))
+    first = next(iter(refs.values()))
+    return AcceptanceData(
+        title=f"{short_name(model)} / {short_name(spec.name)}: published acceptance",
+        caption=(
+            f"Predicted: no measured profile; curves are the constant-rate fit through each published AL "
+            f"(the acceptance the model backend uses). Source: {str(first['source'])[:160]}"
+        ),
+        measured=False,
+        classes=classes,
+        max_k=depth,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ step cost
+
+
+def _samples(profile: ProfileRecord) -> list[StepSample]:
+    out = []
+    for row in profile.step_costs:
+        if float(row["step_ms"]) <= 0:
+            continue
+        out.append(
+            StepSample(
+                batch_size=int(row["batch_size"]),
+                depth=int(row["depth"]),
+                step_ms=float(row["step_ms"]),
+                n=int(row.get("n", 1)),
+                verified_tokens=row.get("verified_tokens"),
+                drafter_ran=row.get("drafter_ran"),
+            )
+        )
+    return out
+
+
+def cost_model_of(profile: ProfileRecord) -> tuple[StepCostModel | None, str, dict[str, float] | None]:
+    """The profile's step-cost model: (model, where it came from, fit error dict or None).
+
+    The stored fitted model when there is one; otherwise a fit of the stored samples made here (said so).
+    """
+    if profile.cost_model:
+        try:
+            model = StepCostModel.from_dict(profile.cost_model)
+        except ValueError:
+            model = None
+        if model is not None:
+            stats = model.to_dict().get("fit_error")
+            return model, "stored fitted model", stats
+    samples = _samples(profile)
+    if len(samples) >= 2:
+        model = StepCostModel.fit(samples, sequential=not profile.parallel_drafting)
+        return model, "fitted by the report (no stored model)", model.fit_error()
+    return None, "", None
+
+
+def fit_error_text(stats: dict[str, float] | None) -> str:
+    if not stats:
+        return "fit error not stored"
+    n = int(stats.get("num_samples", 0))
+    return (
+        f"fit error: median {100 * stats['median_rel_error']:.1f}%, max {100 * stats['max_rel_error']:.1f}% "
+        f"over {n} samples"
+    )
+
+
+def step_cost_from_profile(profile: ProfileRecord) -> StepCostData | None:
+    """Measured step times T(B, K) and the fitted model's lines, per depth over the measured batch sizes."""
+    samples = _samples(profile)
+    model, origin, stats = cost_model_of(profile)
+    if not samples and model is None:
+        return None
+    batch_sizes = sorted({s.batch_size for s in samples}) or [1, 8, 64]
+    depths = sorted({s.depth for s in samples}) or list(range(profile.max_k + 1))
+    lines: dict[int, list[tuple[int, float]]] = {}
+    if model is not None:
+        grid = _dense_batches(batch_sizes)
+        for k in depths:
+            at_k = [s for s in samples if s.depth == k]
+            # Depth reached by trimming: the drafter still ran at K=0, so predict it that way too.
+            ran = sum(s.drafted for s in at_k) * 2 > len(at_k) if at_k else None
+            lines[k] = [(b, model.predict(b, k, drafter_ran=ran)) for b in grid]
+    label = f"fitted model ({origin}; {fit_error_text(stats)})" if model is not None else ""
+    return StepCostData(
+        title=f"Step time T(B, K): {short_name(profile.model)} / {short_name(profile.drafter)}",
+        caption=measured_caption(profile) + " Lines are the fitted step-cost model (a prediction).",
+        measured=True,
+        samples=[(s.batch_size, s.depth, s.step_ms, s.n) for s in samples],
+        model_lines=lines,
+        model_label=label,
+    )
+
+
+def _dense_batches(batch_sizes: Sequence[int]) -> list[int]:
+    lo, hi = min(batch_sizes), max(batch_sizes)
+    grid = {lo, hi, *batch_sizes}
+    b = 1
+    while b < hi:
+        if b > lo:
+            grid.add(b)
+        b *= 2
+    return sorted(grid)
+
+
+def goodput_from_profile(profile: ProfileRecord) -> GoodputData | None:
+    """Predicted tokens/s = B * AL(K) / T(B, K) * 1000 from the profile's measured acceptance (classes pooled by
+    their measured share of drafts) and its fitted step-cost model, at the measured batch sizes."""
+    per_class, _ = profile_acceptances(profile)
+    model, origin, stats = cost_model_of(profile)
+    if not per_class or model is None:
+        return None
+    depth = min(p.max_k for p in per_class.values())
+    pooled = AcceptanceProfile(
+        sum(p.num_drafts for p in per_class.values()),
+        tuple(sum(p.accepted_per_position[i] for p in per_class.values()) for i in range(depth)),
+    )
+    batch_sizes = sorted({int(r["batch_size"]) for r in profile.step_costs}) or [1, 8, 64]
+    ks = list(range(depth + 1))
+    values: dict[int, list[float]] = {}
+    for b in batch_sizes:
+        row = []
+        for k in ks:
+            t = model.predict(b, k)
+            row.append(b * pooled.acceptance_length(k) / t * 1000.0 if t > 0 else math.nan)
+        values[b] = row
+    _, _, published_k = _references(profile.drafter, profile.model)
+    classes = ", ".join(sorted(per_class))
+    return GoodputData(
+        title=f"Predicted tokens/s vs K: {short_name(profile.model)} / {short_name(profile.drafter)}",
+        caption=(
+            f"Predicted from measured {profile_label(profile)} ({profile.device}, vLLM "
+            f"{profile.vllm_version or '?'}, {_date(profile.created_at)}): tokens/s = B x AL(K) / T(B, K); AL pooled "
+            f"over classes {classes} by their share of drafts; T from the {origin} ({fit_error_text(stats)})."
+        ),
+        source="profile",
+        ks=ks,
+        tokens_per_s=values,
+        published_k=published_k,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ model backend
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What the model backend needs to predict the figures of a recommendation group."""
+
+    model: str
+    gpu: str
+    workload: str
+    config: SpecConfig
+    """The speculative config whose drafter is plotted."""
+    batch_sizes: list[int]
+
+
+def backend_context(recs: Sequence[RecommendationRecord]) -> BackendContext | None:
+    """The drafter/GPU/workload of a group of recommendations (same model, GPU, workload), for backend figures."""
+    spec_configs = []
+    for r in recs:
+        try:
+            c = SpecConfig.from_dict(r.best_config)
+        except (PeagleError, TypeError):
+            continue
+        if c.speculative:
+            spec_configs.append((r.scenario.get("concurrency") or 0, c))
+    if not spec_configs:
+        return None
+    config = max(spec_configs, key=lambda t: t[0])[1]
+    sizes = sorted({int(r.scenario["concurrency"]) for r in recs if r.scenario.get("concurrency")})
+    if len(sizes) < 2:
+        sizes = sorted({1, 8, 64, *sizes})
+    first = recs[0]
+    return BackendContext(first.model, first.gpu, first.workload_name or "mt-bench", config, sizes)
+
+
+def _backend(ctx: BackendContext) -> tuple[Any, Any] | None:
+    from autotune.backends.model import ModelBackend
+    from autotune.workloads import load_workload
+
+    try:
+        return ModelBackend(ctx.model, ctx.gpu), load_workload(ctx.workload)
+    except (PeagleError, OSError):
+        return None
+
+
+def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputData | None, str]:
+    """Predicted tokens/s per K (0..max_k) and batch size from the model backend; (None, why) if it cannot run."""
+    made = _backend(ctx)
+    if made is None:
+        return None, f"the model backend cannot load {ctx.model} / workload {ctx.workload}"
+    backend, workload = made
+    ks = list(range(max_k + 1))
+    values: dict[int, list[float]] = {}
+    provenance = ""
+    for b in ctx.batch_sizes:
+        row = []
+        for k in ks:
+            c = ctx.config.with_(num_speculative_tokens=k, max_num_seqs=b) if k else SpecConfig(max_num_seqs=b)
+            m = backend.measure(c, workload, Scenario(concurrency=b))
+            row.append(float(m.output_tokens_per_s) if m.ok and m.output_tokens_per_s else math.nan)
+            if k and m.ok and not provenance:
+                provenance = m.provenance.describe()
+        values[b] = row
+    _, _, published_k = _references(ctx.config.drafter, ctx.model)
+    pd = " +parallel drafting" if ctx.config.parallel_drafting else ""
+    return (
+        GoodputData(
+            title=f"Predicted tokens/s vs K: {short_name(ctx.model)} / {short_name(ctx.config.drafter)}{pd}",
+            caption=(
+                f"Predicted (no measured profile): {provenance or 'model backend'}; workload {ctx.workload}; "
+                f"concurrency = batch size B, max_num_seqs = B."
+            ),
+            source="model backend",
+            ks=ks,
+            tokens_per_s=values,
+            published_k=published_k,
+        ),
+        "",
+    )
+
+
+def step_cost_from_backend(ctx: BackendContext, max_k: int = 8) -> StepCostData | None:
+    """The model backend's predicted step time per depth over batch size (roofline; nothing measured)."""
+    made = _backend(ctx)
+    if made is None:
+        return None
+    backend, _ = made
+    grid = _dense_batches(ctx.batch_sizes)
+    lines: dict[int, list[tuple[int, float]]] = {}
+    for k in range(max_k + 1):
+        c = ctx.config.with_(num_speculative_tokens=k) if k else SpecConfig()
+        try:
+            lines[k] = [(b, backend.predict_step_ms(c, b)) for b in grid]
+        except PeagleError:
+            continue
+    if not lines:
+        return None
+    return StepCostData(
+        title=f"Predicted step time T(B, K): {short_name(ctx.model)} / {short_name(ctx.config.drafter)}",
+        caption=(
+            f"Predicted by the model backend ({backend.step_cost_source}) for {backend.device} (GPU assumed); "
+            "nothing measured. Profile on the GPU to replace it with measurements."
+        ),
+        measured=False,
+        samples=[],
+        model_lines=lines,
+        model_label=f"predicted ({backend.step_cost_source})",
+    )
+
+
+# ------------------------------------------------------------------------------------------------ trials
+
+
+def _group(config: dict[str, Any]) -> tuple[str, int]:
+    if config.get("method", "none") == "none":
+        return "no speculation", 0
+    pd = " +parallel drafting" if config.get("parallel_drafting") else " sequential"
+    layers = f" ({config['drafter_layers']}L)" if config.get("drafter_layers") else ""
+    return f"{short_name(config.get('drafter'))}{layers}{pd}", int(config.get("num_speculative_tokens") or 0)
+
+
+def study_data(study: str, trials: Sequence[TrialRecord]) -> StudyData:
+    """Trials of one study as plot points, with its objectives (from the values stored) and their directions."""
+    objectives: list[str] = []
+    for t in trials:
+        for name in t.values:
+            if name not in objectives:
+                objectives.append(name)
+    points = []
+    for t in trials:
+        group, k = _group(t.config)
+        points.append(
+            TrialPoint(
+                number=t.number,
+                status=t.status,
+                values=dict(t.values),
+                group=group,
+                k=k,
+                max_num_seqs=int(t.config.get("max_num_seqs") or 0),
+                label=config_label(t.config),
+                metrics=dict(t.metrics),
+            )
+        )
+    kinds = sorted({kind_of(t.provenance) for t in trials})
+    first = trials[0]
+    caption = provenance_caption(first.provenance)
+    if len(kinds) > 1:
+        caption = f"Mixed trials ({' and '.join(kinds)}); first trial: {caption}"
+    scen = first.scenario
+    scenario = (
+        f"request rate {scen['request_rate']}/s" if scen.get("request_rate") else f"concurrency {scen.get('concurrency')}"
+    )
+    return StudyData(
+        study=study,
+        model=first.model,
+        objectives=objectives,
+        directions={o: default_direction(o) for o in objectives},
+        trials=points,
+        caption=caption,
+        scenario=scenario,
+    )
