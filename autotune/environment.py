@@ -85,14 +85,20 @@ def _nvidia_gpus() -> list[dict[str, str]]:
     return parse_nvidia_smi(out.stdout, _visible_indices())
 
 
-@functools.lru_cache(maxsize=1)
 def detect_environment() -> dict[str, Any]:
-    """Describe this machine for provenance records (cached: it does not change within a process).
+    """Describe this machine for provenance records (detected once per process; each call returns a copy).
 
     Returns a dict with ``device`` (GPU name such as "NVIDIA H200", or "cpu"), ``gpu_count``, ``gpu_names``,
     ``driver`` (NVIDIA driver version or None), ``vllm_version``, ``torch_version`` (None when not installed),
     ``python_version`` and ``platform``. No torch/vLLM import happens here.
     """
+    env = dict(_detect())
+    env["gpu_names"] = list(env["gpu_names"])
+    return env
+
+
+@functools.lru_cache(maxsize=1)
+def _detect() -> dict[str, Any]:
     gpus = _nvidia_gpus()
     return {
         "device": gpus[0]["name"] if gpus else "cpu",

@@ -1,15 +1,31 @@
-"""The search space: drafter (with its layer count), K, parallel drafting, max_num_seqs.
+"""The search space: drafter (with its layer count), K, parallel drafting, max_num_seqs, max_num_batched_tokens.
 
 Conditional, define-by-run: the baseline (no speculation) has no K, and drafters without a mask token have no
-parallel-drafting choice.
+parallel-drafting choice. `SpaceSpec` is what a user writes to narrow or widen it (CLI options or a space file);
+`SearchSpace` is the resolved space a search samples from.
+
+Space file (YAML or JSON; every key optional, unknown keys are errors)::
+
+    drafters: [amazon/gpt-oss-120b-p-eagle]   # ids or local paths (default: the catalog's for the model)
+    k_min: 1                                  # draft depth range, 1 <= k_min <= k_max <= 16
+    k_max: 8
+    max_num_seqs: [32, 64, 128]               # default: around each concurrency (c/2, c, 2c)
+    max_num_batched_tokens: [8192, null]      # null = vLLM's default
+    parallel_drafting: auto                   # auto | on | off
+    include_hypothetical: false               # model backend only: unreleased 2-layer variants
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from autotune.config import MAX_K, SpecConfig
 from autotune.exceptions import ConfigError
@@ -18,6 +34,7 @@ if TYPE_CHECKING:
     import optuna
 
 NO_SPEC = "none"
+PARALLEL_DRAFTING_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -25,7 +42,8 @@ class DrafterChoice:
     """A drafter the search may pick."""
 
     name: str
-    """Model id or local path, as vLLM takes it in the speculative config's ``model``."""
+    """Model id or local path, as vLLM takes it in the speculative config's ``model``; for a hypothetical variant
+    the catalog's ``<id>:<n>-layer`` name (which no engine can load)."""
     method: str
     """``eagle3`` (EAGLE-3 / P-EAGLE heads) or ``draft_model`` (a small LM, PARD with parallel drafting)."""
     layers: int | None
@@ -33,10 +51,16 @@ class DrafterChoice:
     """The checkpoint carries a mask token (pard_token / mask_token_id / ptd_token_id)."""
     recommended_k: int | None = None
     """The K its publisher serves (the baseline every recommendation is compared against)."""
+    hypothetical: bool = False
+    """An unreleased layer variant of a published head: predictable by the model backend, but no checkpoint exists."""
+    note: str = ""
+    """Where a hypothetical variant's acceptance comes from (shown next to it)."""
 
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """The configs a search may try, with `suggest` (Optuna, define-by-run), `grid` and `baselines`."""
+
     drafters: tuple[DrafterChoice, ...]
     k_max: int = 8
     k_min: int = 1
@@ -51,12 +75,19 @@ class SearchSpace:
         if not 1 <= self.k_min <= self.k_max <= MAX_K:
             raise ConfigError(
                 f"K range must satisfy 1 <= k_min <= k_max <= {MAX_K}, but got k_min={self.k_min}, "
-                f"k_max={self.k_max}. Pass e.g. --max-k 8."
+                f"k_max={self.k_max}. Pass e.g. --k-min 1 --max-k 8."
             )
-        if self.parallel_drafting not in ("auto", "on", "off"):
+        if self.parallel_drafting not in PARALLEL_DRAFTING_MODES:
             raise ConfigError(f"parallel_drafting must be auto, on or off, but got {self.parallel_drafting!r}.")
         if not self.max_num_seqs or any(s < 1 for s in self.max_num_seqs):
             raise ConfigError(f"max_num_seqs choices must be positive integers, but got {list(self.max_num_seqs)}.")
+        if not self.max_num_batched_tokens or any(t is not None and t < 1 for t in self.max_num_batched_tokens):
+            raise ConfigError(
+                "max_num_batched_tokens choices must be positive integers (or null for vLLM's default), but got "
+                f"{list(self.max_num_batched_tokens)}."
+            )
+        if not self.drafters and not self.include_baseline:
+            raise ConfigError("The space is empty: it has no drafter and excludes the no-speculation baseline.")
         if self.parallel_drafting == "on":
             lacking = [d.name for d in self.drafters if not d.parallel_capable]
             if lacking:
@@ -65,7 +96,10 @@ class SearchSpace:
                     "(vLLM reads `pard_token`, `mask_token_id` or `ptd_token_id`). Drop them or use "
                     "--parallel-drafting auto."
                 )
-        object.__setattr__(self, "names", {d.name: d for d in self.drafters})
+        names = {d.name: d for d in self.drafters}
+        if len(names) != len(self.drafters):
+            raise ConfigError(f"Drafters must be listed once each, but got {[d.name for d in self.drafters]}.")
+        object.__setattr__(self, "names", names)
 
     def _pd_options(self, drafter: DrafterChoice) -> list[bool]:
         if not drafter.parallel_capable or self.parallel_drafting == "off":
@@ -118,8 +152,24 @@ class SearchSpace:
             params["parallel_drafting"] = config.parallel_drafting
         return params
 
+    def contains(self, config: SpecConfig) -> bool:
+        """True when `suggest` can return `config`."""
+        if config.max_num_seqs not in self.max_num_seqs or config.max_num_batched_tokens not in self.max_num_batched_tokens:
+            return False
+        if not config.speculative:
+            return self.include_baseline
+        drafter = self.names.get(str(config.drafter))
+        return (
+            drafter is not None
+            and self.config(drafter, config.k, config.parallel_drafting, config.max_num_seqs,
+                            config.max_num_batched_tokens) == config
+            and self.k_min <= config.k <= self.k_max
+            and config.parallel_drafting in self._pd_options(drafter)
+        )
+
     def grid(self) -> list[SpecConfig]:
-        """Every config of the space, baseline first."""
+        """Every config of the space, in a fixed order: per (max_num_seqs, max_num_batched_tokens), the baseline,
+        then each drafter's parallel (if offered) and sequential configs by increasing K."""
         out: list[SpecConfig] = []
         for seqs, mnbt in itertools.product(self.max_num_seqs, self.max_num_batched_tokens):
             if self.include_baseline:
@@ -143,3 +193,138 @@ class SearchSpace:
                     pd = self._pd_options(d)[0]
                     out.append(self.config(d, k, pd, s, mnbt))
         return out
+
+    def hypothetical(self, config: SpecConfig) -> DrafterChoice | None:
+        """The hypothetical drafter `config` uses, or None when it uses a real checkpoint (or none)."""
+        choice = self.names.get(str(config.drafter)) if config.speculative else None
+        return choice if choice is not None and choice.hypothetical else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (drafters by name), e.g. for a study's attributes."""
+        return {
+            "drafters": [d.name for d in self.drafters],
+            "k_min": self.k_min,
+            "k_max": self.k_max,
+            "max_num_seqs": list(self.max_num_seqs),
+            "max_num_batched_tokens": list(self.max_num_batched_tokens),
+            "parallel_drafting": self.parallel_drafting,
+            "include_baseline": self.include_baseline,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- user's space spec
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What a user asks of the space; None means "not given" (the default, or what a lower layer said).
+
+    Built from a space file (`load_space_file`) and from CLI options; `overridden_by` layers them (CLI wins).
+    """
+
+    drafters: tuple[str, ...] | None = None
+    """Drafter ids or local paths (None: the catalog's drafters for the model)."""
+    k_min: int | None = None
+    k_max: int | None = None
+    max_num_seqs: tuple[int, ...] | None = None
+    """max_num_seqs choices (None: around each concurrency c: c/2, c, 2c)."""
+    max_num_batched_tokens: tuple[int | None, ...] | None = None
+    """max_num_batched_tokens choices; a None entry is vLLM's default (None: only vLLM's default)."""
+    parallel_drafting: str | None = None
+    include_hypothetical: bool | None = None
+    """Let the model backend consider unreleased layer variants of published heads (labelled hypothetical)."""
+
+    def __post_init__(self) -> None:
+        _validate_spec(dataclasses.asdict(self), "space")
+
+    def overridden_by(self, other: SpaceSpec) -> SpaceSpec:
+        """This spec with every field `other` sets replaced by `other`'s value."""
+        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None}
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "space") -> SpaceSpec:
+        """Validate a space-file mapping. Errors are `ConfigError`s naming `source` and the key."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"{source}: a space file must be a mapping (YAML/JSON object) with keys {sorted(SPACE_KEYS)}, "
+                f"but got {type(data).__name__}."
+            )
+        unknown = sorted(str(k) for k in data if k not in SPACE_KEYS)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(SPACE_KEYS)}.")
+        if isinstance(data.get("parallel_drafting"), bool):
+            # YAML 1.1 reads a bare `on`/`off` as a boolean.
+            data = {**data, "parallel_drafting": "on" if data["parallel_drafting"] else "off"}
+        _validate_spec(data, source)
+
+        def seq(key: str) -> tuple[Any, ...] | None:
+            value = data.get(key)
+            return None if value is None else tuple(value)
+
+        return cls(
+            drafters=seq("drafters"),
+            k_min=data.get("k_min"),
+            k_max=data.get("k_max"),
+            max_num_seqs=seq("max_num_seqs"),
+            max_num_batched_tokens=seq("max_num_batched_tokens"),
+            parallel_drafting=data.get("parallel_drafting"),
+            include_hypothetical=data.get("include_hypothetical"),
+        )
+
+
+SPACE_KEYS = frozenset(f.name for f in dataclasses.fields(SpaceSpec))
+
+
+def load_space_file(path: str | Path) -> SpaceSpec:
+    """Read a space file (YAML, or JSON for ``.json``). Errors name the file and the offending key."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the space file ({exc.strerror or exc}).") from exc
+    is_json = p.suffix.lower() == ".json"
+    try:
+        data = json.loads(text) if is_json else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{p}: not valid {'JSON' if is_json else 'YAML'}: {exc}".replace("\n", " ")) from exc
+    return SpaceSpec.from_dict(data if data is not None else {}, source=str(p))
+
+
+def _validate_spec(data: Mapping[str, Any], source: str) -> None:
+    def fail(key: str, rule: str) -> None:
+        raise ConfigError(f"{source}: {key}: {rule}, but got {data[key]!r}.")
+
+    def positive_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    def int_list(key: str, allow_null: bool) -> None:
+        value = data.get(key)
+        if value is None:
+            return
+        ok = isinstance(value, list | tuple) and len(value) > 0
+        ok = ok and all(positive_int(v) or (allow_null and v is None) for v in value)
+        if not ok:
+            what = "positive integers or null (vLLM's default)" if allow_null else "positive integers"
+            fail(key, f"must be a non-empty list of {what}, e.g. [32, 64]")
+        if len(set(value)) != len(value):
+            fail(key, "must not repeat a value")
+
+    drafters = data.get("drafters")
+    if drafters is not None and (
+        not isinstance(drafters, list | tuple) or not drafters or not all(isinstance(d, str) and d for d in drafters)
+    ):
+        fail("drafters", "must be a non-empty list of drafter ids or local paths")
+    for key in ("k_min", "k_max"):
+        value = data.get(key)
+        if value is not None and not (positive_int(value) and value <= MAX_K):
+            fail(key, f"must be an integer in [1, {MAX_K}]")
+    k_min, k_max = data.get("k_min"), data.get("k_max")
+    if k_min is not None and k_max is not None and k_min > k_max:
+        raise ConfigError(f"{source}: k_min must be <= k_max, but got k_min={k_min}, k_max={k_max}.")
+    int_list("max_num_seqs", allow_null=False)
+    int_list("max_num_batched_tokens", allow_null=True)
+    if data.get("parallel_drafting") is not None and data["parallel_drafting"] not in PARALLEL_DRAFTING_MODES:
+        fail("parallel_drafting", "must be one of auto, on, off")
+    if data.get("include_hypothetical") is not None and not isinstance(data["include_hypothetical"], bool):
+        fail("include_hypothetical", "must be true or false")

