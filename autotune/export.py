@@ -1,16 +1,19 @@
-"""Render a recommendation in the forms vLLM takes.
+"""Render a recommendation in the forms vLLM (and our runtime controller) take.
 
 - ``vllm-json``: the ``--speculative-config`` JSON (also what ``LLM(speculative_config=...)`` takes);
 - ``vllm-args``: a ``vllm serve`` command line;
 - ``yaml``: a file for ``vllm serve --config FILE.yaml`` (vLLM turns nested dicts into JSON arguments);
-- ``schedule``: the speculative config with vLLM's ``num_speculative_tokens_per_batch_size`` ranges;
-- ``policy``: the file ``peagle-tune serve`` and the runtime controller read.
+- ``schedule``: the speculative config with vLLM's ``num_speculative_tokens_per_batch_size`` ranges
+  (``[[batch_min, batch_max, K], ...]``, inclusive, starting at batch size 1);
+- ``policy``: the runtime policy file (`policies.load_policy` reads it; format owned by ``policies``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -39,13 +42,54 @@ def serve_options(model: str, config: SpecConfig) -> dict[str, Any]:
     return opts
 
 
-def render(fmt: str, recommendation: dict[str, Any]) -> tuple[str, list[str]]:
-    """Render `recommendation` (a stored recommendation's dict) in `fmt`. Returns (text, warnings)."""
+def hypothetical_warning(recommendation: Mapping[str, Any]) -> str | None:
+    """A warning when the recommended drafter is a hypothetical variant (no checkpoint exists), else None."""
+    metrics = recommendation.get("metrics") or {}
+    if not metrics.get("hypothetical_drafter"):
+        return None
+    drafter = (recommendation.get("best_config") or {}).get("drafter")
+    return (
+        f"The recommended drafter {drafter} is HYPOTHETICAL: its acceptance is scaled from a published head and no "
+        "checkpoint exists, so vLLM cannot load it. Treat this as a what-if, or re-run the search without "
+        "--include-hypothetical."
+    )
+
+
+def vllm_schedule(schedule: Sequence[Mapping[str, Any]]) -> list[list[int]]:
+    """A stored schedule (``[{"batch_min", "batch_max", "k"}, ...]``) as vLLM's
+    ``num_speculative_tokens_per_batch_size``, checked against vLLM's rules: positive inclusive ranges, sorted,
+    non-overlapping, the first starting at 1, K >= 0.
+
+    >>> vllm_schedule([{"batch_min": 1, "batch_max": 7, "k": 6}, {"batch_min": 8, "batch_max": 64, "k": 2}])
+    [[1, 7, 6], [8, 64, 2]]
+    """
+    entries = sorted(([int(e["batch_min"]), int(e["batch_max"]), int(e["k"])] for e in schedule), key=lambda e: e[0])
+    if not entries or entries[0][0] != 1:
+        raise UsageError(f"A batch-size schedule must start at batch size 1 (vLLM's rule), but got {entries}.")
+    previous_end = 0
+    for start, end, k in entries:
+        if start > end or start <= previous_end or k < 0:
+            raise UsageError(
+                "A batch-size schedule needs sorted, non-overlapping inclusive ranges with K >= 0, but got "
+                f"{entries}. Re-run `peagle-tune search` to rebuild it."
+            )
+        previous_end = end
+    return entries
+
+
+def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -> tuple[str, list[str]]:
+    """Render `recommendation` (a stored recommendation's dict) in `fmt`. Returns (text, warnings).
+
+    `as_json` writes the policy file as JSON (for a ``.json`` file name) instead of YAML.
+    """
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")
     model = recommendation["model"]
     config = SpecConfig.from_dict(recommendation["best_config"])
     warnings: list[str] = []
+    hypothetical = hypothetical_warning(recommendation)
+    if hypothetical and fmt != "policy":
+        warnings.append(hypothetical)
     if fmt == "vllm-json":
         spec = config.speculative_config()
         if spec is None:
@@ -61,39 +105,75 @@ def render(fmt: str, recommendation: dict[str, Any]) -> tuple[str, list[str]]:
     if fmt == "yaml":
         return yaml.safe_dump(serve_options(model, config), sort_keys=False), warnings
     if fmt == "schedule":
-        spec = config.speculative_config()
-        schedule = recommendation.get("schedule") or []
-        if spec is None or not schedule:
-            raise UsageError(
-                "This recommendation has no batch-size schedule (it serves without speculation or was made "
-                "before schedules existed). Re-run `peagle-tune search` to get one."
-            )
-        # vLLM requires the schedule's depths <= num_speculative_tokens; K is the drafter's depth.
-        spec["num_speculative_tokens"] = max(max(e["k"] for e in schedule), 1)
-        spec["num_speculative_tokens_per_batch_size"] = [[e["batch_min"], e["batch_max"], e["k"]] for e in schedule]
-        if config.parallel_drafting:
-            warnings.append(SCHEDULE_PD_WARNING)
-        return json.dumps(spec, indent=2) + "\n", warnings
-    # policy
-    return yaml.safe_dump(policy_document(recommendation), sort_keys=False), warnings
+        return _schedule(config, recommendation, warnings), warnings
+    doc = policy_document(recommendation)
+    if as_json:
+        return json.dumps(doc, indent=2) + "\n", warnings
+    return _policy_header(recommendation) + yaml.safe_dump(doc, sort_keys=False), warnings
 
 
-def policy_document(recommendation: dict[str, Any]) -> dict[str, Any]:
-    """The runtime policy file (format version 1) for a recommendation."""
+def _schedule(config: SpecConfig, recommendation: Mapping[str, Any], warnings: list[str]) -> str:
+    spec = config.speculative_config()
+    schedule = recommendation.get("schedule") or []
+    if spec is None or not schedule:
+        raise UsageError(
+            "This recommendation has no batch-size schedule (it serves without speculation, was measured without a "
+            "profile, or was made before schedules existed). Re-run `peagle-tune search` with the model backend "
+            "to get one."
+        )
+    entries = vllm_schedule(schedule)
+    top = max(k for _, _, k in entries)
+    if top == 0:
+        raise UsageError(
+            f"The schedule never speculates (K=0 for every batch size: {entries}); serve without speculation "
+            "instead (`peagle-tune export --format vllm-args` of a no-speculation config)."
+        )
+    # vLLM uses min(num_speculative_tokens, scheduled K) per step, so the drafter's K is the schedule's deepest depth.
+    spec["num_speculative_tokens"] = top
+    spec["num_speculative_tokens_per_batch_size"] = entries
+    if config.parallel_drafting:
+        warnings.append(SCHEDULE_PD_WARNING)
+    # One [start, end, K] range per line.
+    return re.sub(r"\[\s+(\d+),\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2, \3]", json.dumps(spec, indent=2)) + "\n"
+
+
+def policy_document(recommendation: Mapping[str, Any]) -> dict[str, Any]:
+    """The runtime policy file (`policies.RequestPolicy`, format version 1) for a recommendation.
+
+    static_k is the recommended K; each workload class gets its best K at the tuned scenario as its cap; max_k (the
+    drafter's K) is the deepest of those. The file is built and validated by `policies.RequestPolicy`.
+    """
+    from policies import ClassPolicy, RequestPolicy
+
     config = SpecConfig.from_dict(recommendation["best_config"])
     class_policy = recommendation.get("class_policy") or {}
-    doc: dict[str, Any] = {
-        "version": 1,
-        "model": recommendation["model"],
-        "static_k": config.k,
-        "max_k": max([config.k, *(c.get("max_k", 0) for c in class_policy.values())]),
-        "classes": {name: dict(values) for name, values in sorted(class_policy.items())},
-        "default_class": "chat" if "chat" in class_policy else next(iter(sorted(class_policy)), "default"),
-    }
-    if recommendation.get("schedule"):
-        doc["schedule"] = [dict(e) for e in recommendation["schedule"]]
-    doc["source"] = {
-        "recommendation_id": recommendation.get("id"),
-        "provenance": recommendation.get("provenance"),
-    }
-    return doc
+    caps = {name: int(values.get("max_k", config.k)) for name, values in sorted(class_policy.items())}
+    max_k = max([config.k, *caps.values()])
+    default_class = "chat" if "chat" in caps or not caps else next(iter(caps))
+    policy = RequestPolicy(
+        static_k=config.k,
+        max_k=max_k,
+        classes={name: ClassPolicy(max_k=cap) for name, cap in caps.items()},
+        default_class=default_class,
+        model=recommendation["model"],
+    )
+    return policy.to_dict()
+
+
+def _policy_header(recommendation: Mapping[str, Any]) -> str:
+    provenance = recommendation.get("provenance") or {}
+    scenario = recommendation.get("scenario") or {}
+    lines = [
+        f"peagle-tune runtime policy from recommendation #{recommendation.get('id')} "
+        f"({recommendation.get('objective')}, concurrency {scenario.get('concurrency')}, "
+        f"{recommendation.get('workload_name')}).",
+        f"Figures {provenance.get('kind', '?')} by the {provenance.get('backend', '?')} backend for "
+        f"{provenance.get('device', '?')}" + (f" from {provenance['profile']}" if provenance.get("profile") else "")
+        + ".",
+        "Load with policies.load_policy(path); serve with `peagle-tune serve`.",
+    ]
+    schedule = recommendation.get("schedule") or []
+    if schedule:
+        ranges = ", ".join(f"{e['batch_min']}-{e['batch_max']}: K={e['k']}" for e in schedule)
+        lines.append(f"Batch-size schedule (export --format schedule): {ranges}.")
+    return "".join(f"# {line}\n" for line in lines)

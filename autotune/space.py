@@ -154,7 +154,9 @@ class SearchSpace:
 
     def contains(self, config: SpecConfig) -> bool:
         """True when `suggest` can return `config`."""
-        if config.max_num_seqs not in self.max_num_seqs or config.max_num_batched_tokens not in self.max_num_batched_tokens:
+        if config.max_num_seqs not in self.max_num_seqs:
+            return False
+        if config.max_num_batched_tokens not in self.max_num_batched_tokens:
             return False
         if not config.speculative:
             return self.include_baseline
@@ -239,7 +241,9 @@ class SpaceSpec:
 
     def overridden_by(self, other: SpaceSpec) -> SpaceSpec:
         """This spec with every field `other` sets replaced by `other`'s value."""
-        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None}
+        changes = {
+            f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None
+        }
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -275,6 +279,27 @@ class SpaceSpec:
 
 SPACE_KEYS = frozenset(f.name for f in dataclasses.fields(SpaceSpec))
 
+#: The CLI option of each space key (for error messages about command-line values).
+CLI_OPTIONS: dict[str, str] = {
+    "drafters": "--drafter",
+    "k_min": "--k-min",
+    "k_max": "--max-k",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "parallel_drafting": "--parallel-drafting",
+    "include_hypothetical": "--include-hypothetical",
+}
+
+
+def space_from_options(**values: Any) -> SpaceSpec:
+    """A `SpaceSpec` from CLI values (None: not given); errors name the CLI option."""
+    unknown = sorted(set(values) - SPACE_KEYS)
+    if unknown:
+        raise TypeError(f"unknown space option(s) {unknown}")
+    _validate_spec(values, "command line", CLI_OPTIONS)
+    spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return SpaceSpec(**spec)
+
 
 def load_space_file(path: str | Path) -> SpaceSpec:
     """Read a space file (YAML, or JSON for ``.json``). Errors name the file and the offending key."""
@@ -291,9 +316,12 @@ def load_space_file(path: str | Path) -> SpaceSpec:
     return SpaceSpec.from_dict(data if data is not None else {}, source=str(p))
 
 
-def _validate_spec(data: Mapping[str, Any], source: str) -> None:
+def _validate_spec(data: Mapping[str, Any], source: str, names: Mapping[str, str] | None = None) -> None:
+    def name(key: str) -> str:
+        return (names or {}).get(key, key)
+
     def fail(key: str, rule: str) -> None:
-        raise ConfigError(f"{source}: {key}: {rule}, but got {data[key]!r}.")
+        raise ConfigError(f"{source}: {name(key)}: {rule}, but got {data[key]!r}.")
 
     def positive_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -321,7 +349,10 @@ def _validate_spec(data: Mapping[str, Any], source: str) -> None:
             fail(key, f"must be an integer in [1, {MAX_K}]")
     k_min, k_max = data.get("k_min"), data.get("k_max")
     if k_min is not None and k_max is not None and k_min > k_max:
-        raise ConfigError(f"{source}: k_min must be <= k_max, but got k_min={k_min}, k_max={k_max}.")
+        raise ConfigError(
+            f"{source}: {name('k_min')} must be <= {name('k_max')}, but got {name('k_min')}={k_min}, "
+            f"{name('k_max')}={k_max}."
+        )
     int_list("max_num_seqs", allow_null=False)
     int_list("max_num_batched_tokens", allow_null=True)
     if data.get("parallel_drafting") is not None and data["parallel_drafting"] not in PARALLEL_DRAFTING_MODES:

@@ -220,7 +220,9 @@ class PluginConfig:
         if isinstance(self.max_samples_per_key, bool) or not isinstance(self.max_samples_per_key, int) or (
             self.max_samples_per_key < 1
         ):
-            raise PluginConfigError(f"max_samples_per_key must be an integer >= 1, but got {self.max_samples_per_key!r}.")
+            raise PluginConfigError(
+                f"max_samples_per_key must be an integer >= 1, but got {self.max_samples_per_key!r}."
+            )
         if self.mode == "adaptive":
             if not isinstance(self.adaptive, Mapping):
                 raise PluginConfigError(
@@ -234,7 +236,9 @@ class PluginConfig:
             isinstance(self.fault_after_steps, bool) or not isinstance(self.fault_after_steps, int)
             or self.fault_after_steps < 0
         ):
-            raise PluginConfigError(f"fault_after_steps must be an integer >= 0 or null, but got {self.fault_after_steps!r}.")
+            raise PluginConfigError(
+                f"fault_after_steps must be an integer >= 0 or null, but got {self.fault_after_steps!r}."
+            )
 
     def depth_cap(self, cls: str) -> int | None:
         """The class's cap from ``class_depths`` (None: uncapped)."""
@@ -476,7 +480,8 @@ class PluginStats:
         drafting_depth, n (steps), mean_ms, samples_ms (measured)."""
         wanted = None if phases is None else set(phases)
         out = []
-        for (phase, b, d, v, dd), e in sorted(self._costs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][4])):
+        ordered = sorted(self._costs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][4]))
+        for (phase, b, d, v, dd), e in ordered:
             if wanted is None or phase in wanted:
                 out.append(
                     {"phase": phase, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd,
@@ -570,10 +575,13 @@ class PluginStats:
                 per_pos = [int(x) for x in a["accepted_per_position"]]
                 if len(per_pos) != int(a["depth"]):
                     raise ValueError(f"acceptance entry has depth {a['depth']} but {len(per_pos)} positions")
-                stats._acceptance[(str(a["phase"]), str(a["class"]), int(a["depth"]))] = [int(a["num_drafts"]), *per_pos]
+                akey = (str(a["phase"]), str(a["class"]), int(a["depth"]))
+                stats._acceptance[akey] = [int(a["num_drafts"]), *per_pos]
             for c in data["step_costs"]:
                 depth = None if c["depth"] is None else int(c["depth"])
-                key = (str(c["phase"]), int(c["batch_size"]), depth, int(c["verified_tokens"]), int(c["drafting_depth"]))
+                key = (
+                    str(c["phase"]), int(c["batch_size"]), depth, int(c["verified_tokens"]), int(c["drafting_depth"])
+                )
                 stats._costs[key] = _CostKey([float(x) for x in c["samples_ms"]], int(c["n"]), float(c["sum_ms"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise PluginConfigError(f"{source}: malformed plugin stats ({type(exc).__name__}: {exc}).") from None

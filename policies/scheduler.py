@@ -224,7 +224,8 @@ class PeagleScheduler(Scheduler):
         if self._active and observed is not None:
             try:
                 self._record(observed, None if t0 is None else (t_end - t0) * 1000.0)
-                if time.monotonic() - self._last_flush > self._config.flush_every_s or not self.has_requests():
+                idle = self.get_num_unfinished_requests() == 0
+                if idle or time.monotonic() - self._last_flush > self._config.flush_every_s:
                     self._flush()
             except Exception as exc:
                 self._fail("update_from_output", exc)

@@ -14,6 +14,7 @@ from autotune.report import (
     acceptance_from_profile,
     goodput_from_profile,
     plot_goodput,
+    slos_of,
     step_cost_from_profile,
     study_data,
 )
@@ -105,3 +106,26 @@ def test_goodput_plot_writes_a_png(tmp_path: Path) -> None:
                        {1: [100.0, 150.0, 140.0], 8: [500.0, float("nan"), 520.0]})
     path = plot_goodput(data, tmp_path / "g.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_starred_trial_is_the_recommended_config_or_the_searchs_tie_rule(store: Store) -> None:
+    def config(k: int) -> dict[str, object]:
+        return {"method": "eagle3", "drafter": "d", "num_speculative_tokens": k, "parallel_drafting": True,
+                "max_num_seqs": 8, "drafter_layers": None, "max_num_batched_tokens": None}
+
+    # K=3 is 0.05% above K=2: tied by the search's 0.1% rule, so the smaller K is the pick.
+    for number, (k, tps) in enumerate([(3, 1000.0), (2, 999.5), (1, 900.0)]):
+        store.add_trial("tie", number=number, model=MODEL, backend="model", values={"throughput": tps},
+                        config=config(k), scenario={"concurrency": 8})
+    trials = store.list_trials("tie")
+    assert study_data("tie", trials).best().k == 2  # type: ignore[union-attr]
+    # A stored recommendation wins: its config's trial is starred.
+    assert study_data("tie", trials, recommended=config(1)).best().k == 1  # type: ignore[union-attr]
+
+
+def test_slos_come_from_the_recommendations_objective(store: Store) -> None:
+    rid = store.add_recommendation(
+        MODEL, gpu="cpu", objective="pareto", best_config={"method": "none", "max_num_seqs": 4},
+        metrics={"objective": {"name": "pareto", "slo_tpot_p99_ms": 12.0, "slo_ttft_p99_ms": None}},
+    )
+    assert slos_of(store.get_recommendation(rid)) == {"tpot_ms_p99": 12.0}

@@ -497,13 +497,16 @@ class VLLMBackend(Backend):
                     break
                 time.sleep(_POLL_S)
         finally:
+            exited_on_its_own = proc.poll() is not None
             kill_process_group(proc)
+        # A status we caused (SIGKILL after the deadline) says nothing about the run: do not report it.
+        returncode = proc.returncode if exited_on_its_own else None
         if result_path.exists():
             result: dict[str, Any] = json.loads(result_path.read_text())
             if not result.get("ok"):
-                result["returncode"] = proc.returncode
+                result["returncode"] = returncode
             return result, proc.pid
-        return {"ok": False, "timed_out": timed_out, "returncode": None if timed_out else proc.returncode}, proc.pid
+        return {"ok": False, "timed_out": timed_out, "returncode": returncode}, proc.pid
 
     def _measurement(
         self,

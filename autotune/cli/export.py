@@ -23,6 +23,9 @@ from autotune.exceptions import UsageError
     type=click.Choice(["vllm-json", "vllm-args", "yaml", "schedule", "policy"]),
     default="vllm-json",
     show_default=True,
+    help="vllm-json: --speculative-config; vllm-args: a `vllm serve` line; yaml: `vllm serve --config` file; "
+    "schedule: speculative config with num_speculative_tokens_per_batch_size; policy: the runtime policy file "
+    "(YAML, or JSON when --out ends in .json).",
 )
 @click.option("--recommendation", "rec_id", type=int, default=None, help="Recommendation id (default: the newest).")
 @click.option("--model", default=None, help="Newest recommendation for this model.")
@@ -40,6 +43,8 @@ def export(
         peagle-tune export --format vllm-json
 
         peagle-tune export --format yaml --out serve.yaml   # then: vllm serve --config serve.yaml
+
+        peagle-tune export --format policy --out policy.yaml
     """
     from autotune.export import render
 
@@ -54,7 +59,7 @@ def export(
                 + (f" for model {model!r}" if model else "")
                 + ". Run `peagle-tune search --model MODEL` first."
             )
-    text, warnings = render(fmt, rec.to_dict())
+    text, warnings = render(fmt, rec.to_dict(), as_json=out_path is not None and out_path.suffix.lower() == ".json")
     for w in warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
     if out_path is None:

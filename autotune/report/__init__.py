@@ -27,6 +27,7 @@ from autotune.report._series import (
     acceptance_from_catalog,
     acceptance_from_profile,
     goodput_from_profile,
+    slos_of,
     step_cost_from_profile,
     study_data,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "plot_pareto",
     "plot_step_cost",
     "plot_trials",
+    "slos_of",
     "step_cost_from_profile",
     "study_data",
     "write_report",

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.config import SpecConfig
 from autotune.exceptions import PeagleError
-from autotune.report._series import config_label, kind_of, provenance_caption
+from autotune.report._series import config_label, kind_of, provenance_caption, slos_of
 from store import RecommendationRecord
 
 
@@ -65,7 +65,8 @@ SECTION_HELP: dict[str, str] = {
     "Search trials": (
         "Each dot is one configuration the search evaluated: left in the order it ran (the line is the best so far), "
         "right by draft depth K. Colours separate drafters and parallel vs sequential drafting; red crosses are "
-        "trials that failed (for example out of memory) and have no value. The gold star is the recommendation."
+        "trials that failed (for example out of memory) and have no value. The gold star is the recommended "
+        "configuration (within 0.1% of the top, the search prefers the smaller K)."
     ),
     "Pareto fronts": (
         "Each dot is a configuration of a multi-objective study; the gold diamonds form the Pareto front, where no "
@@ -125,6 +126,13 @@ def serve_command(rec: RecommendationRecord) -> str | None:
     return text.strip()
 
 
+def objective_label(rec: RecommendationRecord) -> str:
+    """The objective with its SLOs, e.g. ``pareto (TPOT p99 <= 8 ms)``."""
+    names = {"tpot_ms_p99": "TPOT p99", "ttft_ms_p99": "TTFT p99"}
+    slos = ", ".join(f"{names.get(m, m)} <= {v:g} ms" for m, v in slos_of(rec).items())
+    return f"{rec.objective} ({slos})" if slos else rec.objective
+
+
 def scenario_label(scenario: dict[str, Any]) -> str:
     if scenario.get("request_rate"):
         return f"{scenario['request_rate']:g} requests/s"
@@ -143,13 +151,28 @@ def _schedule_entry(entry: dict[str, Any]) -> str:
     return f"{batches}: {f'K={k}' if k else 'no speculation'}"
 
 
+def _p99(metrics: dict[str, Any]) -> str:
+    value = metrics.get("tpot_ms_p99")
+    if not isinstance(value, int | float):
+        return ""
+    copied = "tpot_ms_p99" in (metrics.get("p99_from_p50") or [])
+    note = " (set to p50: the prediction has no tail)" if copied else ""
+    return f"<span>TPOT p99 <b>{value:.2f}</b> ms{note}</span>"
+
+
 def _summary_card(rec: RecommendationRecord) -> str:
     kind = kind_of(rec.provenance)
     m = rec.metrics
     spec_json = speculative_config_json(rec)
-    title = (
-        f"{escape(rec.model)} &middot; {escape(scenario_label(rec.scenario))} &middot; workload "
-        f"{escape(rec.workload_name or '?')} &middot; {escape(rec.gpu)} &middot; objective {escape(rec.objective)}"
+    title = " &middot; ".join(
+        escape(part)
+        for part in (
+            rec.model,
+            scenario_label(rec.scenario),
+            f"workload {rec.workload_name or '?'}",
+            rec.gpu,
+            f"objective {objective_label(rec)}",
+        )
     )
     parts = [f'<div class="card"><h3>{title} {badge(kind)}</h3>']
     parts.append(f"<p>Recommended: <b>{escape(config_label(rec.best_config))}</b>")
@@ -173,6 +196,7 @@ def _summary_card(rec: RecommendationRecord) -> str:
         '<p class="numbers">'
         f"<span>Throughput <b>{_num(m.get('output_tokens_per_s'), ',.0f')}</b> output tokens/s</span>"
         f"<span>TPOT p50 <b>{_num(m.get('tpot_ms_p50'), '.2f')}</b> ms</span>"
+        f"{_p99(m)}"
         f"<span>vs no speculation <b>{_num(m.get('speedup_vs_no_spec'), '.2f', 'x')}</b></span>"
         f"<span>vs published K <b>{vs_pub}</b>{pub}</span></p>"
     )
@@ -222,7 +246,7 @@ def _rec_table(recs: Sequence[RecommendationRecord]) -> str:
             escape(r.gpu),
             escape(r.vllm_version or "-"),
             escape(r.workload_name or "-"),
-            escape(r.objective),
+            escape(objective_label(r)),
             escape(scenario_label(r.scenario)),
             escape(config_label(r.best_config)),
             _num(m.get("output_tokens_per_s"), ",.0f"),
@@ -269,7 +293,7 @@ def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) ->
             continue
         groups: dict[tuple[str, str, str], list[RecommendationRecord]] = {}
         for r in s.latest:
-            groups.setdefault((r.gpu, r.workload_name or "", r.objective), []).append(r)
+            groups.setdefault((r.gpu, r.workload_name or "", objective_label(r)), []).append(r)
         for (gpu, workload, objective), recs in groups.items():
             line = headline(recs)
             if line:

@@ -27,7 +27,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float) -> Path:
+def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float, legend_rows: int = 0) -> Path:
     """Title on top, wrapped provenance caption at the bottom, tight layout, save, close."""
     wrap = max(60, int(_WRAP_PER_INCH * width_in))
     lines = textwrap.wrap(caption, wrap)
@@ -36,6 +36,11 @@ def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float) 
     height = fig.get_size_inches()[1]
     bottom = (0.16 * len(lines) + 0.12) / height
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=8, color="0.25", va="bottom", ha="left")
+    if legend_rows:
+        # A figure legend sits just above the caption; keep the axes above both.
+        for legend in fig.legends:
+            legend.set_bbox_to_anchor((0.5, bottom), transform=fig.transFigure)
+        bottom += (0.2 * legend_rows + 0.1) / height
     fig.tight_layout(rect=(0, bottom, 1, 1))  # tight_layout makes room for the suptitle itself
     path.parent.mkdir(parents=True, exist_ok=True)
     # bbox "tight" keeps legends placed outside the axes inside the image.
@@ -157,30 +162,40 @@ def plot_goodput(data: GoodputData, path: Path) -> Path:
         ax.plot(data.ks, values, marker="o", color="tab:blue")
         base = values[0] if data.ks and data.ks[0] == 0 else math.nan
         if math.isfinite(base):
-            ax.axhline(base, color="0.5", ls="--", lw=1, label="K=0 (no speculation)")
+            ax.axhline(base, color="0.5", ls="--", lw=1)
         if data.published_k is not None and data.published_k in data.ks:
-            ax.axvline(data.published_k, color="tab:orange", ls=":", lw=1.2, label=f"published K={data.published_k}")
+            ax.axvline(data.published_k, color="tab:orange", ls=":", lw=1.2)
         best = data.best_k(b)
+        title = f"B = {b}"
         if best is not None:
             v = values[data.ks.index(best)]
-            gain = f", {v / base:.2f}x" if math.isfinite(base) and base > 0 else ""
-            ax.plot([best], [v], marker="*", markersize=16, color="tab:red", markeredgecolor="black", ls="none",
-                    label=f"best K={best}: {v:,.0f} tok/s{gain}")
+            gain = f", {v / base:.2f}x no-spec" if math.isfinite(base) and base > 0 else ""
+            ax.plot([best], [v], marker="*", markersize=16, color="tab:red", markeredgecolor="black", ls="none")
+            title += f": best K={best}\n{v:,.0f} tok/s{gain}"
         finite = [v for v in values if math.isfinite(v)]
         if finite:
             lo, hi = min(finite), max(finite)
-            pad = (hi - lo) * 0.15 or hi * 0.05 or 1.0
-            ax.set_ylim(lo - pad, hi + pad * 2.5)  # room for the legend above the curve
-        ax.set_title(f"batch size B = {b}", fontsize=10)
+            pad = (hi - lo) * 0.12 or hi * 0.05 or 1.0
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("K (draft depth)")
         ax.set_ylabel("output tokens/s")
         ax.set_xticks(data.ks)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    width = 3.4 * ncols + 0.6
-    return _finish(
-        fig, f"[PREDICTED from {data.source}] {data.title}", data.caption, path, width_in=max(width, 7.0)
-    )
+    # One legend for every panel, under them.
+    handles = [
+        plt.Line2D([], [], color="tab:blue", marker="o", label="predicted tokens/s at K"),
+        plt.Line2D([], [], color="0.5", ls="--", label="K=0: no speculation"),
+        plt.Line2D([], [], color="tab:red", marker="*", markersize=12, markeredgecolor="black", ls="none",
+                   label="best K (smallest within 0.1% of the top)"),
+    ]
+    if data.published_k is not None and data.published_k in data.ks:
+        handles.append(plt.Line2D([], [], color="tab:orange", ls=":", label=f"published K={data.published_k}"))
+    width = max(3.4 * ncols + 0.6, 7.0)
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4 if width >= 10 else 2), fontsize=8,
+               bbox_to_anchor=(0.5, -0.02), frameon=False)
+    return _finish(fig, f"[PREDICTED from {data.source}] {data.title}", data.caption, path, width_in=width,
+                   legend_rows=1 if width >= 10 else 2)
 
 
 def plot_trials(data: StudyData, path: Path) -> Path:
@@ -189,9 +204,7 @@ def plot_trials(data: StudyData, path: Path) -> Path:
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 6.0), gridspec_kw={"width_ratios": [3, 2]})
     objective = data.objectives[0] if data.objectives else "objective (none stored)"
-    unit = _unit(objective)
-    groups = sorted({t.group for t in data.trials}, key=lambda g: (g != "no speculation", g))
-    colors = {g: f"C{i % 10}" for i, g in enumerate(groups)}
+    groups, colors = _group_colors(data)
     done = [t for t in data.trials if t.status == "complete" and objective in t.values]
     values = [t.values[objective] for t in done]
     floor = min(values) if values else 0.0
@@ -233,20 +246,21 @@ def plot_trials(data: StudyData, path: Path) -> Path:
             for ax, x in ((ax1, best.number), (ax2, best.k)):
                 ax.plot([x], [v], marker="*", markersize=17, color="gold", markeredgecolor="black", ls="none")
             right = best.k > (min(t.k for t in done) + max(t.k for t in done)) / 2
-            ax2.annotate(f"best: {best.label}", (best.k, v), textcoords="offset points",
+            word = "recommended" if data.recommended is not None and best.config == data.recommended else "best"
+            ax2.annotate(f"{word}: {best.label}", (best.k, v), textcoords="offset points",
                          xytext=(-12 if right else 12, 12), ha="right" if right else "left", fontsize=8,
                          bbox={"boxstyle": "round", "fc": "white", "alpha": 0.85})
     from matplotlib.ticker import MaxNLocator
 
     ax1.set_xlabel("trial number (order run)")
-    ax1.set_ylabel(f"{objective}{unit} ({_better(data.directions.get(objective, 'maximize'))})")
+    ax1.set_ylabel(f"{metric_label(objective)}\n({_better(data.directions.get(objective, 'maximize'))})")
     ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.grid(alpha=0.3)
     # Legends go below the axes so they never hide a trial.
     ax1.legend(fontsize=8, title="colour: drafter / drafting", title_fontsize=8, loc="upper left",
                bbox_to_anchor=(0.0, -0.16), ncol=2, frameon=False)
     ax2.set_xlabel("K (draft depth; 0 = no speculation)")
-    ax2.set_ylabel(f"{objective}{unit}")
+    ax2.set_ylabel(metric_label(objective))
     ax2.set_title("same trials by K", fontsize=10)
     if not done:
         ax1.set_yticks([])
@@ -272,28 +286,74 @@ def plot_trials(data: StudyData, path: Path) -> Path:
 
 
 def plot_pareto(data: StudyData, path: Path) -> Path:
-    """The first two objectives of a multi-objective study against each other; the Pareto front highlighted."""
+    """The first two objectives of a multi-objective study against each other; the Pareto front highlighted, the
+    recommended config starred and SLOs drawn as limits."""
     plt = _pyplot()
     a, b = data.objectives[:2]
-    fig, ax = plt.subplots(figsize=(9, 5.4))
+    fig, ax = plt.subplots(figsize=(9, 5.6))
     done = [t for t in data.trials if t.status == "complete" and a in t.values and b in t.values]
-    groups = sorted({t.group for t in done})
-    for i, g in enumerate(groups):
+    groups, colors = _group_colors(data)
+    for g in groups:
         pts = [t for t in done if t.group == g]
-        ax.scatter([t.values[a] for t in pts], [t.values[b] for t in pts], color=f"C{i % 10}", s=26, alpha=0.7,
-                   label=g)
+        if pts:
+            ax.scatter([t.values[a] for t in pts], [t.values[b] for t in pts], color=colors[g], s=26, alpha=0.75,
+                       label=g, edgecolors="black", linewidths=0.3)
     front = data.pareto()
     if front:
         ax.plot([t.values[a] for t in front], [t.values[b] for t in front], color="black", lw=1.5, marker="D",
-                markerfacecolor="gold", markersize=8, label=f"Pareto front ({len(front)} configs)")
+                markerfacecolor="gold", markersize=8, label=f"Pareto front ({len(front)} trials)", zorder=3)
+        # Several configs can land on the same point (e.g. max_num_seqs above the concurrency): one label each.
+        labels: dict[tuple[float, float], list[str]] = {}
         for t in front:
-            ax.annotate(f"K={t.k}, seqs={t.max_num_seqs}", (t.values[a], t.values[b]), textcoords="offset points",
-                        xytext=(6, 4), fontsize=7)
-    ax.set_xlabel(f"{a}{_unit(a)} ({_better(data.directions[a])})")
-    ax.set_ylabel(f"{b}{_unit(b)} ({_better(data.directions[b])})")
+            key = (round(t.values[a], 6), round(t.values[b], 6))
+            text = f"K={t.k}, seqs={t.max_num_seqs}" if t.k else f"no spec, seqs={t.max_num_seqs}"
+            if text not in labels.setdefault(key, []):
+                labels[key].append(text)
+        for (x, y), texts in labels.items():
+            ax.annotate(" | ".join(texts), (x, y), textcoords="offset points", xytext=(6, -12), fontsize=7)
+    best = data.best() if data.recommended is not None else None
+    if best is not None and a in best.values and b in best.values:
+        ax.plot([best.values[a]], [best.values[b]], marker="*", markersize=18, color="gold", markeredgecolor="black",
+                ls="none", label=f"recommended: {best.label}", zorder=4)
+    for metric, limit in data.slos.items():
+        if metric == b:
+            ax.axhline(limit, color="tab:red", ls="--", lw=1.2, label=f"SLO: {metric_label(metric)} <= {limit:g}")
+        elif metric == a:
+            ax.axvline(limit, color="tab:red", ls="--", lw=1.2, label=f"SLO: {metric_label(metric)} <= {limit:g}")
+    ax.set_xlabel(f"{metric_label(a)} ({_better(data.directions[a])})")
+    ax.set_ylabel(f"{metric_label(b)} ({_better(data.directions[b])})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _finish(fig, f"Pareto front: {data.study} ({data.scenario})", data.caption, path, width_in=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _finish(fig, f"Pareto front: {data.study} ({data.scenario})", data.caption, path, width_in=11)
+
+
+_GROUP_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                 "tab:cyan", "tab:red")
+
+
+def _group_colors(data: StudyData) -> tuple[list[str], dict[str, str]]:
+    """Groups in a fixed order ("no speculation" first, grey) with the same colour in every figure of a study."""
+    groups = sorted({t.group for t in data.trials}, key=lambda g: (g != "no speculation", g))
+    offset = 0 if groups and groups[0] == "no speculation" else 1
+    return groups, {g: _GROUP_COLORS[(i + offset) % len(_GROUP_COLORS)] for i, g in enumerate(groups)}
+
+
+#: Axis labels of the metrics the search stores as objective values.
+METRIC_LABELS: dict[str, str] = {
+    "output_tokens_per_s": "throughput (output tokens/s)",
+    "throughput": "throughput (output tokens/s)",
+    "goodput": "goodput (output tokens/s within the SLOs)",
+    "tpot_ms_p50": "TPOT p50 (ms per output token)",
+    "tpot_ms_p99": "TPOT p99 (ms per output token)",
+    "ttft_ms_p50": "TTFT p50 (ms)",
+    "ttft_ms_p99": "TTFT p99 (ms)",
+    "latency": "latency: TPOT p50 (ms per output token)",
+}
+
+
+def metric_label(name: str) -> str:
+    """Axis label with unit for an objective/metric name; unknown names get a unit guessed from the name."""
+    return METRIC_LABELS.get(name, f"{name}{_unit(name)}")
 
 
 def _unit(objective: str) -> str:

@@ -35,7 +35,13 @@ def _latest_per_key(recs: Sequence[RecommendationRecord]) -> list[Recommendation
     """Newest recommendation per (GPU, workload, objective, scenario), ordered by those and concurrency."""
     seen: dict[tuple[Any, ...], RecommendationRecord] = {}
     for r in recs:  # newest first
-        key = (r.gpu, r.workload_hash or r.workload_name, r.objective, json.dumps(r.scenario, sort_keys=True))
+        key = (
+            r.gpu,
+            r.workload_hash or r.workload_name,
+            r.objective,
+            json.dumps(series.slos_of(r), sort_keys=True),
+            json.dumps(r.scenario, sort_keys=True),
+        )
         seen.setdefault(key, r)
     return sorted(
         seen.values(),
@@ -116,7 +122,10 @@ class _Builder:
             self.section.notes.append(f"No predicted tokens/s figure: {why}.")
 
     def study(self, name: str, trials: Sequence[TrialRecord]) -> None:
-        data = series.study_data(name, trials)
+        recs = [r for r in self.section.recommendations if r.study == name]  # newest first
+        data = series.study_data(
+            name, trials, recs[0].best_config if recs else None, series.slos_of(recs[0]) if recs else None
+        )
         kinds = {series.kind_of(t.provenance) for t in trials}
         kind = kinds.pop() if len(kinds) == 1 else "mixed"
         self.add("Search trials", f"trials-{name}", plots.plot_trials, data, kind, data.caption)

@@ -110,6 +110,7 @@ class TrialPoint:
     metrics: dict[str, Any]
     failure: str | None = None
     """Why the trial has no value (failed trials)."""
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,21 +122,35 @@ class StudyData:
     trials: list[TrialPoint]
     caption: str
     scenario: str
+    concurrency: int | None = None
+    recommended: dict[str, Any] | None = None
+    """The config the study's stored recommendation chose (None: no recommendation names this study)."""
+    slos: dict[str, float] = field(default_factory=dict)
+    """Service-level limits of the study, metric name -> ms (e.g. {"tpot_ms_p99": 12.0})."""
 
     @property
     def multi_objective(self) -> bool:
         return len(self.objectives) >= 2
 
     def best(self) -> TrialPoint | None:
-        """The best complete trial on the first objective."""
+        """The trial to star: the recommended config's trial when the study has a recommendation, else the
+        search's rule on the first objective (within `TIE_TOLERANCE` of the top: smallest K, then max_num_seqs
+        closest to the concurrency)."""
         if not self.objectives:
             return None
         obj = self.objectives[0]
         done = [t for t in self.trials if t.status == "complete" and obj in t.values]
         if not done:
             return None
+        if self.recommended is not None:
+            chosen = [t for t in done if t.config == self.recommended]
+            if chosen:
+                return chosen[0]
         sign = 1.0 if self.directions[obj] == "maximize" else -1.0
-        return max(done, key=lambda t: (sign * t.values[obj], -t.number))
+        top = max(sign * t.values[obj] for t in done)
+        tied = [t for t in done if sign * t.values[obj] >= top - abs(top) * TIE_TOLERANCE]
+        conc = self.concurrency or 0
+        return min(tied, key=lambda t: (t.k, abs(t.max_num_seqs - conc), t.max_num_seqs, t.number))
 
     def pareto(self) -> list[TrialPoint]:
         """Complete trials that no other complete trial beats on both of the first two objectives."""
@@ -548,7 +563,7 @@ def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputDa
         GoodputData(
             title=f"Tokens/s vs K per batch size: {short_name(ctx.model)} / {short_name(ctx.config.drafter)}{pd}",
             caption=(
-                f"Predicted (no measured profile): {provenance or 'model backend'}; workload {ctx.workload}; "
+                f"No measured profile: {provenance or 'predicted by the model backend'}; workload {ctx.workload}; "
                 f"concurrency = batch size B, max_num_seqs = B."
             ),
             source="model backend",
@@ -600,8 +615,17 @@ def _group(config: dict[str, Any]) -> tuple[str, int]:
     return f"{short_name(config.get('drafter'))}{layers}{pd}", int(config.get("num_speculative_tokens") or 0)
 
 
-def study_data(study: str, trials: Sequence[TrialRecord]) -> StudyData:
-    """Trials of one study as plot points, with its objectives (from the values stored) and their directions."""
+def study_data(
+    study: str,
+    trials: Sequence[TrialRecord],
+    recommended: dict[str, Any] | None = None,
+    slos: dict[str, float] | None = None,
+) -> StudyData:
+    """Trials of one study as plot points, with its objectives (from the values stored) and their directions.
+
+    `recommended`: the best_config of the study's recommendation, starred in the figures. `slos`: metric -> limit
+    in ms, drawn as limits on the Pareto front.
+    """
     objectives: list[str] = []
     for t in trials:
         for name in t.values:
@@ -621,6 +645,7 @@ def study_data(study: str, trials: Sequence[TrialRecord]) -> StudyData:
                 label=config_label(t.config),
                 metrics=dict(t.metrics),
                 failure=t.failure_reason,
+                config=dict(t.config),
             )
         )
     kinds = sorted({kind_of(t.provenance) for t in trials})
@@ -642,4 +667,20 @@ def study_data(study: str, trials: Sequence[TrialRecord]) -> StudyData:
         trials=points,
         caption=caption,
         scenario=scenario,
+        concurrency=int(conc) if conc and not rate else None,
+        recommended=recommended,
+        slos=dict(slos or {}),
     )
+
+
+def slos_of(recommendation: RecommendationRecord) -> dict[str, float]:
+    """The SLOs a recommendation was searched under (metric -> ms), from its stored objective description."""
+    objective = recommendation.metrics.get("objective")
+    if not isinstance(objective, dict):
+        return {}
+    out = {}
+    for key, metric in (("slo_tpot_p99_ms", "tpot_ms_p99"), ("slo_ttft_p99_ms", "ttft_ms_p99")):
+        value = objective.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            out[metric] = float(value)
+    return out

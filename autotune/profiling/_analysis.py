@@ -1,0 +1,142 @@
+"""From the plugin's statistics to a profile: acceptance per class, step-cost samples, the fitted cost model.
+
+Pure (no vLLM): it works on `policies._plugin_config.PluginStats` read back from the engine, and on stored
+profile records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from policies import AcceptanceProfile, StepCostModel, StepSample
+from policies._plugin_config import PluginStats
+
+SPEC_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def acceptance_per_class(
+    stats: PluginStats, max_k: int, phases: Iterable[str]
+) -> dict[str, AcceptanceProfile]:
+    """Measured acceptance per class at full depth: the requests that verified exactly ``max_k`` drafts.
+
+    Only full-depth steps are used, so every position is judged on the same drafts (prefix consistency then gives
+    AL(K) for every K <= max_k). Classes that never verified at full depth are left out.
+    """
+    phases = list(phases)
+    out = {}
+    for cls in stats.classes(phases):
+        profile = stats.acceptance(cls, max_k, phases)
+        if profile is not None:
+            out[cls] = profile
+    return out
+
+
+def phase_totals(stats: PluginStats, phases: Iterable[str]) -> dict[str, Any]:
+    """The plugin's draft counters summed over ``phases`` (the same quantities as vLLM's spec-decode counters)."""
+    wanted = set(phases)
+    data = stats.to_dict()
+    totals: dict[str, Any] = dict.fromkeys(SPEC_FIELDS, 0)
+    per_pos: list[int] = []
+    for entry in data["acceptance"]:
+        if entry["phase"] not in wanted:
+            continue
+        n, depth, acc = entry["num_drafts"], entry["depth"], entry["accepted_per_position"]
+        totals["num_drafts"] += n
+        totals["num_draft_tokens"] += n * depth
+        totals["num_accepted_tokens"] += sum(acc)
+        per_pos += [0] * (len(acc) - len(per_pos))
+        for i, v in enumerate(acc):
+            per_pos[i] += v
+    totals["accepted_per_position"] = per_pos
+    return totals
+
+
+def metrics_check(plugin: Mapping[str, Any], vllm: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare the plugin's counters with vLLM's ``vllm:spec_decode_*`` deltas over the same phases.
+
+    They count the same events (one draft per request per step that verified drafts; accepted tokens per position),
+    so they must be equal; a mismatch means the plugin missed steps or misread the outputs.
+    """
+    width = max(len(plugin["accepted_per_position"]), len(vllm["accepted_per_position"]))
+
+    def pad(v: list[int]) -> list[int]:
+        return list(v) + [0] * (width - len(v))
+
+    p_pos, v_pos = pad(plugin["accepted_per_position"]), pad(vllm["accepted_per_position"])
+    match = all(int(plugin[f]) == int(vllm[f]) for f in SPEC_FIELDS) and p_pos == v_pos
+    return {
+        "match": match,
+        "plugin": {**{f: int(plugin[f]) for f in SPEC_FIELDS}, "accepted_per_position": p_pos},
+        "vllm": {**{f: int(vllm[f]) for f in SPEC_FIELDS}, "accepted_per_position": v_pos},
+    }
+
+
+def fit_cost_model(samples: list[StepSample], sequential: bool) -> StepCostModel | None:
+    """Least-squares `StepCostModel` of the measured samples (None with fewer than 2 samples)."""
+    if len(samples) < 2:
+        return None
+    return StepCostModel.fit(samples, sequential=sequential)
+
+
+def step_cost_entries(samples: Iterable[StepSample]) -> list[dict[str, Any]]:
+    """Samples in the store's step_costs form (extra keys say how the step was shaped)."""
+    return [
+        {
+            "batch_size": s.batch_size,
+            "depth": s.depth,
+            "step_ms": s.step_ms,
+            "n": s.n,
+            "verified_tokens": s.tokens,
+            "drafter_ran": s.drafted,
+        }
+        for s in samples
+    ]
+
+
+def _get(record: Any, key: str) -> Any:
+    if isinstance(record, Mapping):
+        return record.get(key)
+    return getattr(record, key, None)
+
+
+def predictor_from_profile(record: Any) -> tuple[dict[str, AcceptanceProfile], StepCostModel]:
+    """What the model backend needs to predict from a stored profile: measured acceptance per class and a cost model.
+
+    ``record``: a `store.ProfileRecord`, its ``to_dict()``, or a `ProfileResult`. The cost model is the stored fit
+    (``cost_model``) when there is one, else fitted here from the stored step costs. Use as
+    ``ModelBackend(acceptance=acceptance, cost_model=cost_model)``.
+    Raises ValueError when the profile has no acceptance or too few step-cost samples.
+    """
+    raw_acceptance = _get(record, "acceptance") or {}
+    acceptance = {}
+    for cls, entry in raw_acceptance.items():
+        if isinstance(entry, AcceptanceProfile):
+            acceptance[str(cls)] = entry
+        else:
+            acceptance[str(cls)] = AcceptanceProfile(int(entry["num_drafts"]), tuple(entry["accepted_per_position"]))
+    if not acceptance:
+        raise ValueError(
+            f"Profile {_get(record, 'id')!r} has no acceptance per class; re-run `peagle-tune profile`."
+        )
+    cost = _get(record, "cost_model")
+    if isinstance(cost, StepCostModel):
+        return acceptance, cost
+    if isinstance(cost, Mapping) and cost:
+        return acceptance, StepCostModel.from_dict(cost)
+    entries = _get(record, "step_costs") or _get(record, "step_samples") or []
+    samples = [
+        e if isinstance(e, StepSample) else StepSample(
+            int(e["batch_size"]), int(e["depth"]), float(e["step_ms"]), n=int(e.get("n", 1)),
+            verified_tokens=e.get("verified_tokens"), drafter_ran=e.get("drafter_ran"),
+        )
+        for e in entries
+    ]
+    parallel = bool(_get(record, "parallel_drafting"))
+    model = fit_cost_model(samples, sequential=not parallel)
+    if model is None:
+        raise ValueError(
+            f"Profile {_get(record, 'id')!r} has {len(samples)} step-cost sample(s); fitting a cost model needs "
+            "at least 2. Re-run `peagle-tune profile` with more concurrencies or prompts."
+        )
+    return acceptance, model
