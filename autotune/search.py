@@ -297,10 +297,11 @@ class Strategy(abc.ABC):
     """How a search chooses configs. Small on purpose, like Optuna's samplers: a sampler, an optional pruner, the
     configs to try first, and hooks after each trial.
 
-    A ``model-guided`` strategy plugs in here: `initial_configs` returns the top predicted configs (and the
-    baselines), `after_trial` recalibrates the predictor from each measurement and may enqueue more configs
-    (``ctx.study.enqueue_trial(ctx.search.space.params_of(config))``), and `should_stop` ends the search once the best
-    is confirmed within the measurement noise. Register it with `register_strategy`.
+    A ``model-guided`` strategy plugs in here: `initial_configs` returns the top predicted configs for
+    ``ctx.scenario`` (and the baselines); `after_trial` recalibrates the predictor from each measurement and may
+    enqueue more configs (``ctx.study.enqueue_trial(ctx.search.space.params_of(config))``); `should_stop` ends the
+    search once the best is confirmed within the measurement noise; `ScenarioResult.n_measurements` reports the
+    launches. Register it with `register_strategy` (its factory receives ``sampler=`` when --sampler is given).
     """
 
     name: ClassVar[str] = "base"
@@ -322,8 +323,9 @@ class Strategy(abc.ABC):
         """Trials per scenario when the user gives no --trials."""
         return 60
 
-    def initial_configs(self, space: SearchSpace, target: int) -> list[SpecConfig]:
-        """Configs to enqueue, in order, before the sampler chooses (configs already in the study are skipped)."""
+    def initial_configs(self, ctx: StrategyContext) -> list[SpecConfig]:
+        """Configs to enqueue, in order, before the sampler chooses (configs already in the study are skipped).
+        Called under the claim lock each time a worker opens the study."""
         return []
 
     def after_trial(self, ctx: StrategyContext, config: SpecConfig, measurement: Measurement) -> None:  # noqa: B027
@@ -366,9 +368,9 @@ class BlackboxStrategy(Strategy):
             return optuna.pruners.NopPruner()
         return RelativeToBestPruner(self.prune_margin, self.prune_after)
 
-    def initial_configs(self, space: SearchSpace, target: int) -> list[SpecConfig]:
-        grid = space.grid()
-        return grid if len(grid) <= target else space.baselines()[:target]
+    def initial_configs(self, ctx: StrategyContext) -> list[SpecConfig]:
+        grid = ctx.search.space.grid()
+        return grid if len(grid) <= ctx.target else ctx.search.space.baselines()[: ctx.target]
 
 
 class RandomStrategy(Strategy):
@@ -392,8 +394,8 @@ class GridStrategy(Strategy):
     def default_trials(self, space: SearchSpace) -> int:
         return len(space.grid())
 
-    def initial_configs(self, space: SearchSpace, target: int) -> list[SpecConfig]:
-        return space.grid()[:target]
+    def initial_configs(self, ctx: StrategyContext) -> list[SpecConfig]:
+        return ctx.search.space.grid()[: ctx.target]
 
 
 def _model_guided(**_options: Any) -> Strategy:
@@ -581,7 +583,14 @@ def open_storage(url: str, heartbeat_interval: int = 60, grace_period: int | Non
     """
     parsed = make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
+    memory = sqlite and (parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed.database))
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if sqlite else {"pool_pre_ping": True}
+    if memory:
+        # One shared connection, or every pooled connection would see its own empty database (the study lives
+        # as long as this storage: in-memory studies cannot be resumed).
+        from sqlalchemy.pool import StaticPool
+
+        engine_kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
@@ -600,7 +609,7 @@ def open_storage(url: str, heartbeat_interval: int = 60, grace_period: int | Non
                 "(a SQLAlchemy URL such as postgresql://user@host/db; the database must exist and be reachable) or "
                 "leave it out to keep studies in the --db database."
             ) from exc
-    if sqlite and parsed.database not in (None, "", ":memory:"):
+    if sqlite and not memory:
 
         def _pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
@@ -874,16 +883,17 @@ class Search:
     ) -> ScenarioResult:
         with lock:
             study = self._open_study(storage, study_name, scenario)
-        run = _Run(
-            study=study,
-            storage=storage,
-            lock=lock,
-            scenario=scenario,
-            target=self.target,
-            ctx=StrategyContext(self, study, scenario, self.target),
-            rng=random.Random(f"{self.seed}:{study_name}"),
-        )
-        with lock:  # release trials of workers that died, so the start counts are right
+            run = _Run(
+                study=study,
+                storage=storage,
+                lock=lock,
+                scenario=scenario,
+                target=self.target,
+                ctx=StrategyContext(self, study, scenario, self.target),
+                rng=random.Random(f"{self.seed}:{study_name}"),
+            )
+            self._enqueue_initial(run)
+            # Release trials of workers that died, so the start counts are right.
             optuna.storages.fail_stale_trials(study)
             self._fail_orphans(run, study.get_trials(deepcopy=False))
         self._emit(on_event, run, "start", study.get_trials(deepcopy=False))
@@ -894,7 +904,7 @@ class Search:
         return self._result(run, trials)
 
     def _open_study(self, storage: optuna.storages.RDBStorage, name: str, scenario: Scenario) -> optuna.Study:
-        """Create or load the study (under the claim lock), check it is the same search, enqueue initial configs.
+        """Create or load the study (under the claim lock) and check it is the same search.
 
         Each opening of a study (a worker joining, or a resumed run) gets its own sampler seed, ``seed + openings``:
         the first run is reproducible, and two workers (or a resumed run) do not replay the same random proposals.
@@ -932,12 +942,16 @@ class Search:
         study.sampler = self.strategy.sampler(
             self.objective, self.seed + openings, deterministic=self.backend.name == "model"
         )
-        present = {c for c in (self._config_of(t) for t in study.get_trials(deepcopy=False)) if c is not None}
-        for config in self.strategy.initial_configs(self.space, self.target):
-            if config not in present:
-                study.enqueue_trial(self.space.params_of(config))
-                present.add(config)
         return study
+
+    def _enqueue_initial(self, run: _Run) -> None:
+        """Enqueue the strategy's initial configs that the study does not hold yet (in any state)."""
+        trials = run.study.get_trials(deepcopy=False)
+        present = {c for c in (self._config_of(t) for t in trials) if c is not None}
+        for config in self.strategy.initial_configs(run.ctx):
+            if config not in present:
+                run.study.enqueue_trial(self.space.params_of(config))
+                present.add(config)
 
     def _config_of(self, t: FrozenTrial) -> SpecConfig | None:
         info = _info(t)

@@ -187,8 +187,9 @@ class PluginConfig:
     adaptive: Mapping[str, Any] | None = None
     """For "adaptive": {"policy": RequestPolicy dict, "cost_model": StepCostModel dict,
     "acceptance": {class: AcceptanceProfile dict}} (see `build_controller`)."""
-    fault_after_steps: int | None = None
-    """Test hook: the plugin's own logic raises after this many decode decisions (to test the fallback)."""
+    fault_class: str | None = None
+    """Test hook: the plugin's own logic raises when it decides the depth of a request of this class (to test that
+    the engine keeps serving, un-trimmed, after a plugin error)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -232,13 +233,8 @@ class PluginConfig:
             for key in ("policy", "cost_model"):
                 if not isinstance(self.adaptive.get(key), Mapping):
                     raise PluginConfigError(f"adaptive.{key} is missing or not an object.")
-        if self.fault_after_steps is not None and (
-            isinstance(self.fault_after_steps, bool) or not isinstance(self.fault_after_steps, int)
-            or self.fault_after_steps < 0
-        ):
-            raise PluginConfigError(
-                f"fault_after_steps must be an integer >= 0 or null, but got {self.fault_after_steps!r}."
-            )
+        if self.fault_class is not None and (not isinstance(self.fault_class, str) or not self.fault_class):
+            raise PluginConfigError(f"fault_class must be a class name or null, but got {self.fault_class!r}.")
 
     def depth_cap(self, cls: str) -> int | None:
         """The class's cap from ``class_depths`` (None: uncapped)."""
@@ -497,8 +493,10 @@ class PluginStats:
         Phases are pooled. ``sequential``: the drafting depth (drafter passes) is the sample's depth and only steps
         whose drafting depth equals the verified depth are kept, so each sample has one K; otherwise (parallel
         drafting, one drafter pass at the configured K) the verified depth is. The drafter ran in every step
-        (depth is applied by trimming), so ``drafter_ran=True``.
+        (depth is applied by trimming), so ``drafter_ran=True``, unless the engine had no speculative decoding
+        (``info["num_speculative_tokens"] == 0``: a no-speculation baseline, ``drafter_ran=False``).
         """
+        ran = self.info.get("num_speculative_tokens", 1) != 0
         pooled: dict[tuple[int, int, int], tuple[list[float], int]] = {}
         for e in self.step_costs(phases):
             d = e["depth"]
@@ -516,7 +514,7 @@ class PluginStats:
             samples.sort()
             mid = len(samples) // 2
             median = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
-            out.append(StepSample(b, d, float(median), n=n, verified_tokens=v, drafter_ran=True))
+            out.append(StepSample(b, d, float(median), n=n, verified_tokens=v, drafter_ran=ran))
         return out
 
     def totals(self) -> dict[str, Any]:

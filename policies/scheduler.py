@@ -64,7 +64,7 @@ logger = init_logger("vllm.peagle_scheduler")
 
 
 class PluginFault(RuntimeError):
-    """Raised on purpose by the ``fault_after_steps`` test hook."""
+    """Raised on purpose by the ``fault_class`` test hook."""
 
 
 class PeagleScheduler(Scheduler):
@@ -81,15 +81,16 @@ class PeagleScheduler(Scheduler):
         self._t0: dict[int, float] = {}
         self._next_depth: dict[str, int] = {}
         self._drafting_depth = 0
-        self._labels: dict[str, tuple[str, str]] = {}
+        self._labels: dict[str, tuple[Any, tuple[str, str]]] = {}
         self._plan_counters: dict[int, int] = {}
         self._decisions = 0
         self._last_flush = time.monotonic()
         self._policy: Any = None
         self._controller: Any = None
         self._batch: Any = None
-        self._views: dict[str, Any] = {}
+        self._views: dict[str, tuple[Any, Any]] = {}
         self._fallback_logged = False
+        self._metrics: Any = None
         spec = self.vllm_config.speculative_config
         self._k = int(self.num_spec_tokens or 0)
         self._parallel = bool(getattr(spec, "parallel_drafting", False)) if spec is not None else False
@@ -131,11 +132,44 @@ class PeagleScheduler(Scheduler):
 
             self._policy, self._controller = build_controller(config, self._k)
             self._batch = TrackedBatch()
+        if self._k > 0:
+            self._start_metrics()
         self._active = True
         logger.info(
             "PeagleScheduler: mode=%s K=%d parallel_drafting=%s lower_drafting_depth=%s stats=%s",
             config.mode, self._k, self._parallel, self._lower, config.stats_path,
         )
+
+    # ----------------------------------------------------------------------------------------- prometheus
+    def _start_metrics(self) -> None:
+        """The ``peagle:*`` Prometheus series (`policies._metrics`); visible in ``/metrics`` when vLLM runs with
+        ``PROMETHEUS_MULTIPROC_DIR``. A metrics problem disables the metrics only, never depth control."""
+        try:
+            from policies._metrics import PluginMetrics
+
+            config = self._config
+            if config.mode == "adaptive" and self._controller is not None:
+                static = self._controller.static_k
+            else:
+                static = self._k if config.static_depth is None else min(config.static_depth, self._k)
+            rank = getattr(self.parallel_config, "data_parallel_rank", 0)
+            self._metrics = PluginMetrics(self._k, static, engine=str(rank))
+        except Exception as exc:
+            self._metrics_failed("setup", exc)
+
+    def _metrics_call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        metrics = self._metrics
+        if metrics is None:
+            return
+        try:
+            getattr(metrics, name)(*args, **kwargs)
+        except Exception as exc:
+            self._metrics_failed(name, exc)
+
+    def _metrics_failed(self, where: str, exc: BaseException) -> None:
+        self._metrics = None
+        logger.warning("PeagleScheduler: Prometheus metrics disabled after an error in %s: %s: %s",
+                       where, type(exc).__name__, exc)
 
     def _fail(self, where: str, exc: BaseException) -> None:
         """Log once, record, and turn the plugin off (vLLM's own behaviour from now on)."""
@@ -146,6 +180,7 @@ class PeagleScheduler(Scheduler):
         if self._stats is None:
             self._stats = PluginStats()
         self._stats.record_error(message)
+        self._metrics_call("set_fallback", True)
         if was_active or where == "setup":
             logger.error(
                 "PeagleScheduler disabled after an error in %s; serving continues at the static depth K=%d "
@@ -156,12 +191,13 @@ class PeagleScheduler(Scheduler):
 
     # ---------------------------------------------------------------------------------------------- labels
     def _label(self, req_id: str) -> tuple[str, str]:
-        """(class, phase) of a request from ``sampling_params.extra_args``; cached per request."""
-        label = self._labels.get(req_id)
-        if label is not None:
-            return label
-        cls, phase = DEFAULT_CLASS, DEFAULT_PHASE
+        """(class, phase) of a request from ``sampling_params.extra_args``; cached per live request (the cache
+        entry remembers the request object, so a reused request id never inherits a finished request's label)."""
         request = self.requests.get(req_id)
+        cached = self._labels.get(req_id)
+        if cached is not None and cached[0] is request:
+            return cached[1]
+        cls, phase = DEFAULT_CLASS, DEFAULT_PHASE
         params = getattr(request, "sampling_params", None) if request is not None else None
         extra = getattr(params, "extra_args", None) or {}
         value = extra.get(CLASS_KEY)
@@ -170,9 +206,11 @@ class PeagleScheduler(Scheduler):
         value = extra.get(PHASE_KEY)
         if isinstance(value, str) and value:
             phase = value
-        label = self._labels[req_id] = (cls, phase)
-        if len(self._labels) > 2 * len(self.requests) + 256:
-            self._labels = {r: lab for r, lab in self._labels.items() if r in self.requests}
+        label = (cls, phase)
+        if request is not None:
+            self._labels[req_id] = (request, label)
+            if len(self._labels) > 2 * len(self.requests) + 256:
+                self._labels = {r: v for r, v in self._labels.items() if self.requests.get(r) is v[0]}
         return label
 
     # ---------------------------------------------------------------------------------------------- hooks
@@ -235,6 +273,7 @@ class PeagleScheduler(Scheduler):
     def shutdown(self) -> None:
         try:
             self._flush(force=True)
+            self._metrics_call("push", force=True)
         finally:
             super().shutdown()
 
@@ -250,10 +289,9 @@ class PeagleScheduler(Scheduler):
         if not ids:
             return
         self._decisions += 1
-        fault = self._config.fault_after_steps
-        if fault is not None and self._decisions > fault:
-            raise PluginFault(f"fault_after_steps={fault} test hook")
         config = self._config
+        if config.fault_class is not None and any(self._label(r)[0] == config.fault_class for r in ids):
+            raise PluginFault(f"fault_class={config.fault_class!r} test hook")
         k = self._k
         depths: dict[str, int] = {}
         if config.mode == "adaptive":
@@ -288,21 +326,24 @@ class PeagleScheduler(Scheduler):
         policy, controller, batch = self._policy, self._controller, self._batch
         views = []
         for r in ids:
-            view = self._views.get(r)
-            if view is None:
-                request = self.requests[r]
+            request = self.requests[r]
+            cached = self._views.get(r)
+            if cached is not None and cached[0] is request:
+                view = cached[1]
+            else:
                 extra = getattr(request.sampling_params, "extra_args", None) or {}
                 try:
                     view = policy.view(r, extra)
                 except ValueError as exc:  # a bad label on one request: default class, not a plugin failure
                     logger.warning("PeagleScheduler: request %s: %s; using the default class.", r, exc)
                     view = policy.view(r, None)
-                self._views[r] = view
+                self._views[r] = (request, view)
             views.append(view)
         if len(self._views) > 2 * len(self.requests) + 256:
-            self._views = {r: v for r, v in self._views.items() if r in self.requests}
+            self._views = {r: v for r, v in self._views.items() if self.requests.get(r) is v[0]}
         batch.sync(views)
         decision = controller.decide_or_fallback(batch)
+        self._metrics_call("observe_decision", decision, controller)
         if decision.fallback and not self._fallback_logged:
             self._fallback_logged = True
             logger.warning("PeagleScheduler: controller fell back to static K=%d: %s", decision.default_depth,
@@ -346,6 +387,9 @@ class PeagleScheduler(Scheduler):
         if self._controller is not None and rows:
             results = [(r, c, d, a) for r, c, _, d, a in rows]
             self._controller.observe_step(results, step_ms if prompt_tokens == 0 else None)
+        if self._metrics is not None:
+            self._metrics_call("observe_requests", [(c, d, a) for _, c, _, d, a in rows])
+            self._metrics_call("maybe_push")
 
     def _add_overhead(self, since: float) -> None:
         if self._stats is not None:

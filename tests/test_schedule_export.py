@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -96,3 +98,115 @@ def test_schedule_export_without_schedule_says_what_to_do() -> None:
 def test_unknown_format() -> None:
     with pytest.raises(UsageError, match="--format must be one of"):
         render("toml", _rec(PEAGLE))
+
+
+# ------------------------------------------------------------------------- exports of a real (predicted) search
+
+
+@pytest.fixture(scope="module")
+def recommendation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A stored recommendation from a grid search on the mixed workload (chat, code, math) at concurrency 8."""
+    from autotune.backends.model import ModelBackend
+    from autotune.config import Scenario
+    from autotune.search import GridStrategy, Search
+    from autotune.space import DrafterChoice, SearchSpace
+    from autotune.workloads import load_workload
+    from store import Store
+
+    db = tmp_path_factory.mktemp("export") / "peagle.db"
+    backend = ModelBackend("gpt-oss-120b", "h200")
+    search = Search(
+        store=Store(f"sqlite:///{db}"),
+        backend=backend,
+        model="openai/gpt-oss-120b",
+        device=backend.device,
+        workload=load_workload("mixed"),
+        space=SearchSpace(
+            drafters=(DrafterChoice("amazon/gpt-oss-120b-p-eagle", "eagle3", 4, True, recommended_k=5),),
+            k_max=8,
+            max_num_seqs=(8,),
+        ),
+        strategy=GridStrategy(),
+        study_prefix="export",
+    )
+    result = search.run_scenario(Scenario(concurrency=8))
+    rid = search.recommend(result, {"vllm_version": None})
+    assert rid is not None
+    return search.store.get_recommendation(rid).to_dict()
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_policy_export_loads_with_the_runtime_loader(
+    recommendation: dict[str, Any], tmp_path: Path, suffix: str
+) -> None:
+    from policies import load_policy
+
+    text, _ = render("policy", recommendation, as_json=suffix == ".json")
+    path = tmp_path / f"policy{suffix}"
+    path.write_text(text)
+    policy = load_policy(path)
+    best = SpecConfig.from_dict(recommendation["best_config"])
+    caps = {name: v["max_k"] for name, v in recommendation["class_policy"].items()}
+    assert set(caps) == {"chat", "code", "math"}
+    assert policy.static_k == best.k
+    assert policy.max_k == max([best.k, *caps.values()])
+    assert {name: policy.limits(name)[1] for name in caps} == caps
+    assert policy.model == "openai/gpt-oss-120b"
+
+
+def test_policy_of_a_no_speculation_recommendation_loads(tmp_path: Path) -> None:
+    from policies import load_policy
+
+    text, _ = render("policy", _rec(SpecConfig(max_num_seqs=64)))
+    (tmp_path / "p.yaml").write_text(text)
+    policy = load_policy(tmp_path / "p.yaml")
+    assert (policy.static_k, policy.max_k) == (0, 0)
+
+
+def test_exports_use_vllm_speculative_config_field_names(recommendation: dict[str, Any]) -> None:
+    pytest.importorskip("vllm")
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.spec_decode.dynamic.utils import (
+        build_dynamic_sd_schedule_lookup,
+        validate_and_normalize_dynamic_sd_schedule,
+    )
+
+    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    spec = json.loads(render("vllm-json", recommendation)[0])
+    assert set(spec) <= fields
+    served = yaml.safe_load(render("yaml", recommendation)[0])
+    assert set(served["speculative-config"]) <= fields
+    args = shlex.split(render("vllm-args", recommendation)[0])
+    assert set(json.loads(args[args.index("--speculative-config") + 1])) <= fields
+
+    scheduled = json.loads(render("schedule", recommendation)[0])
+    assert set(scheduled) <= fields
+    ranges = scheduled["num_speculative_tokens_per_batch_size"]
+    assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
+    # vLLM's per-step lookup over 1..max_num_seqs gives each batch size its scheduled K (none capped by K).
+    max_seqs = recommendation["best_config"]["max_num_seqs"]
+    lookup = build_dynamic_sd_schedule_lookup(ranges, max_seqs, scheduled["num_speculative_tokens"])
+    expected = {b: k for start, end, k in ranges for b in range(start, end + 1)}
+    assert lookup[1:] == [expected[b] for b in range(1, max_seqs + 1)]
+
+
+def test_schedule_export_rejects_a_schedule_vllm_would_reject() -> None:
+    gap_at_start = [{"batch_min": 2, "batch_max": 8, "k": 3}]
+    with pytest.raises(UsageError, match="must start at batch size 1"):
+        render("schedule", _rec(PEAGLE, schedule=gap_at_start))
+    overlapping = [{"batch_min": 1, "batch_max": 8, "k": 3}, {"batch_min": 8, "batch_max": 16, "k": 2}]
+    with pytest.raises(UsageError, match="non-overlapping"):
+        render("schedule", _rec(PEAGLE, schedule=overlapping))
+    never = [{"batch_min": 1, "batch_max": 64, "k": 0}]
+    with pytest.raises(UsageError, match="never speculates"):
+        render("schedule", _rec(PEAGLE, schedule=never))
+
+
+def test_hypothetical_recommendations_warn_in_every_vllm_format() -> None:
+    rec = _rec(PEAGLE.with_(drafter="amazon/gpt-oss-120b-p-eagle:2-layer", drafter_layers=2),
+               metrics={"hypothetical_drafter": True})
+    for fmt in ("vllm-json", "vllm-args", "yaml"):
+        _, warnings = render(fmt, rec)
+        assert any("HYPOTHETICAL" in w for w in warnings), fmt

@@ -118,11 +118,11 @@ def search(
 
     Example:
 
+    \b
         peagle-tune search --model gpt-oss-120b --gpu h200 --concurrency 1,8,64
-
         peagle-tune search --model gpt-oss-120b --objective goodput --slo-tpot-p99 12 --json
-
         peagle-tune search --model gpt-oss-120b --objective pareto --strategy grid --concurrency 64
+        peagle-tune search --model gpt-oss-120b --study fleet --storage postgresql://user@host/peagle
     """
     from autotune.runner import SearchOptions, run_search
     from autotune.space import space_from_options

@@ -17,20 +17,26 @@ from autotune.profiling._analysis import (
 from autotune.profiling._profile import (
     DEFAULT_CONCURRENCIES,
     DEFAULT_MAX_K,
+    EngineRun,
     ProfileResult,
+    draft_model_path_problem,
     profile,
+    run_plugin_job,
     store_profile,
 )
 
 __all__ = [
     "DEFAULT_CONCURRENCIES",
     "DEFAULT_MAX_K",
+    "EngineRun",
     "ProfileResult",
     "acceptance_per_class",
+    "draft_model_path_problem",
     "fit_cost_model",
     "metrics_check",
     "phase_totals",
     "predictor_from_profile",
     "profile",
+    "run_plugin_job",
     "store_profile",
 ]

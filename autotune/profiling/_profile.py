@@ -39,7 +39,8 @@ from autotune.profiling._analysis import (
 )
 from autotune.workloads import Workload
 from policies import AcceptanceProfile, StepCostModel, StepSample
-from policies._plugin_config import CONFIG_ENV, DepthPlan, PluginConfig, PluginStats, engine_kwargs
+from policies._plugin_config import CONFIG_ENV, DepthPlan, PluginConfig, PluginStats
+from policies._plugin_config import engine_kwargs as _plugin_engine_kwargs
 
 DEFAULT_CONCURRENCIES: tuple[int, ...] = (1, 4, 16)
 DEFAULT_MAX_K = 8
@@ -86,6 +87,9 @@ class ProfileResult:
     workload_hash: str = ""
     plugin: dict[str, Any] = field(default_factory=dict)
     """What the plugin reported about the engine (K, method, drafting-depth lowering) and its own overhead."""
+    baseline_samples: list[StepSample] = field(default_factory=list)
+    """Step times of the shared no-speculation launch (``profile(baseline=True)``; drafter_ran=False), measured.
+    They are in the cost-model fit and the stored step costs, so T(B, 0) without a drafter is identified."""
     profile_id: int | None = None
     """Id in the store (None when not stored)."""
     outputs: dict[str, list[list[int]]] | None = None
@@ -117,6 +121,7 @@ class ProfileResult:
                 c: [list(p.survival_interval(i)) for i in range(p.max_k)] for c, p in self.acceptance.items()
             },
             "step_samples": step_cost_entries(self.step_samples),
+            "baseline_samples": step_cost_entries(self.baseline_samples),
             "cost_model": None if self.cost_model is None else self.cost_model.to_dict(),
             "fit_error": self.fit_error,
             "metrics_check": self.metrics_check,
@@ -139,12 +144,36 @@ class _Drafter:
     layers: int | None
 
 
+#: Substrings of a drafter path that make vLLM 0.32 replace method "draft_model" by another method
+#: (``SpeculativeConfig.__post_init__`` auto-detection), e.g. ``~/peagle-tune/drafter`` becomes an EAGLE head.
+_METHOD_HIJACKING_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def draft_model_path_problem(path: str) -> str | None:
+    """Why vLLM would not run `path` as method "draft_model" (None when it would).
+
+    Example: ``"/home/me/peagle-tune/models/drafter"`` contains "eagle-", so vLLM 0.32 switches to method "eagle".
+    """
+    lowered = path.lower()
+    found = [s for s in _METHOD_HIJACKING_SUBSTRINGS if s in lowered]
+    if not found:
+        return None
+    return (
+        f"vLLM treats a draft_model drafter whose path contains {found[0]!r} as another speculative method, but the "
+        f"path {path!r} does. Move or symlink the drafter to a path without "
+        f"{', '.join(repr(s) for s in _METHOD_HIJACKING_SUBSTRINGS)}."
+    )
+
+
 def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: bool | None) -> _Drafter:
     spec = drafter if isinstance(drafter, DrafterSpec) else get_drafter(drafter)
     name = spec.local_path or spec.name
     chosen = method or spec.method
     if chosen not in ("eagle3", "eagle", "draft_model"):
         raise ConfigError(f"method must be eagle3, eagle or draft_model for profiling, but got {chosen!r}.")
+    problem = draft_model_path_problem(name) if chosen == "draft_model" else None
+    if problem:
+        raise ConfigError(problem)
     pd = spec.parallel_drafting if parallel is None else parallel
     if pd and not spec.parallel_drafting and spec.local_path:
         raise ConfigError(
@@ -154,14 +183,22 @@ def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: b
     return _Drafter(name, chosen, bool(pd), spec.num_layers)
 
 
-def _phase_requests(workload: Workload, concurrencies: Sequence[int], num_prompts: int | None) -> list[dict[str, Any]]:
-    """One phase per concurrency; by default every request of the workload, at least 8 per in-flight slot."""
+def _phase_requests(
+    workload: Workload, concurrencies: Sequence[int], num_prompts: int | None, rounds: int
+) -> list[dict[str, Any]]:
+    """Closed-loop phases: per concurrency c, ``num_prompts`` requests (default: every request of the workload, at
+    least 8 per in-flight slot), split into ``rounds`` phases that alternate between concurrencies (c1, c4, c16, c1,
+    c4, c16, ...), so slow drifts of the machine (other load, clocks) spread over every batch size."""
     pool = workload.requests()
+    per_c = {c: num_prompts if num_prompts is not None else max(len(pool), 8 * c) for c in concurrencies}
     phases = []
-    for c in concurrencies:
-        n = num_prompts if num_prompts is not None else max(len(pool), 8 * c)
-        reqs = [{"class": cls, **req.to_dict()} for cls, req in (pool[i % len(pool)] for i in range(n))]
-        phases.append({"name": f"c{c}", "concurrency": c, "requests": reqs})
+    for r in range(rounds):
+        for c in concurrencies:
+            lo, hi = per_c[c] * r // rounds, per_c[c] * (r + 1) // rounds
+            if hi <= lo:
+                continue
+            reqs = [{"class": cls, **req.to_dict()} for cls, req in (pool[i % len(pool)] for i in range(lo, hi))]
+            phases.append({"name": f"c{c}", "concurrency": c, "requests": reqs})
     return phases
 
 
@@ -178,7 +215,9 @@ def profile(
     parallel_drafting: bool | None = None,
     num_prompts: int | None = None,
     block_steps: int = 4,
-    warmup_requests: int = 2,
+    rounds: int = 2,
+    baseline: bool = False,
+    warmup_requests: int | None = None,
     ignore_eos: bool = False,
     timeout_s: float = 1800.0,
     dtype: str = "auto",
@@ -198,8 +237,14 @@ def profile(
             (default: ``model``).
         drafters: catalog drafters or local drafter directories; ``method`` / ``parallel_drafting`` override what
             the drafter's spec says (e.g. "draft_model" for a PARD drafter).
-        workload: the prompts, by class. Each concurrency is one closed-loop phase of ``num_prompts`` requests
-            (default: every request of the workload, at least 8 per in-flight slot).
+        workload: the prompts, by class. Each concurrency runs ``num_prompts`` requests closed-loop (default: every
+            request of the workload, at least 8 per in-flight slot), in ``rounds`` parts alternating between
+            concurrencies.
+        baseline: also launch the target once without speculation (shared by all drafters) and fit each cost
+            model on those steps too; without it, every measured step ran the drafter, so the cost of a step
+            without any drafter (the no-speculation baseline) is not identified. One more launch.
+        warmup_requests: requests (cut to 16 tokens) run at once before measuring (default: the largest
+            concurrency, so every batch shape has run once).
         concurrencies: requests in flight per phase; the engine's max_num_seqs is the largest.
         block_steps: steps per depth block of the plan (see `DepthPlan.sweep`).
         timeout_s: wall-clock limit per launch (engine start included); the process group is then killed.
@@ -236,10 +281,24 @@ def profile(
         vllm_version=environment["vllm_version"],
         torch_version=environment["torch_version"],
     )
-    phases = _phase_requests(workload, concurrencies, num_prompts)
+    if rounds < 1:
+        raise ConfigError(f"rounds must be >= 1, but got {rounds}.")
+    phases = _phase_requests(workload, concurrencies, num_prompts, rounds)
     pool = workload.requests()
-    warmup = [{"class": c, **r.to_dict()} for c, r in pool[:warmup_requests]]
+    n_warm = max(concurrencies) if warmup_requests is None else warmup_requests
+    warmup = [{"class": c, **r.to_dict()} for c, r in (pool[i % len(pool)] for i in range(n_warm))]
     plan = DepthPlan.sweep(max_k, block_steps)
+    engine_options = {
+        "dtype": dtype, "max_model_len": max_model_len, "load_format": load_format,
+        "engine_extra": dict(engine_extra or {}),
+    }
+    baseline_samples: list[StepSample] = []
+    if baseline:
+        say(f"[0/{len(resolved)}] launching vLLM without speculation (baseline step times)")
+        baseline_samples = _baseline(
+            model, phases, warmup, max(concurrencies), engine_options, env, cpu_kv_cache_gib, ignore_eos,
+            timeout_s, Path(log_dir) if log_dir is not None else None, say,
+        )
     results = []
     for i, drafter in enumerate(resolved, start=1):
         say(f"[{i}/{len(resolved)}] launching vLLM for drafter {drafter.name} ({drafter.method}"
@@ -254,11 +313,10 @@ def profile(
             concurrencies=concurrencies,
             max_k=max_k,
             provenance=provenance,
-            engine_options={
-                "dtype": dtype, "max_model_len": max_model_len, "load_format": load_format,
-                "engine_extra": dict(engine_extra or {}),
-            },
-            env=_process_env(env, cpu_kv_cache_gib, environment),
+            engine_options=engine_options,
+            baseline_samples=baseline_samples,
+            env=env,
+            cpu_kv_cache_gib=cpu_kv_cache_gib,
             ignore_eos=ignore_eos,
             timeout_s=timeout_s,
             return_outputs=return_outputs,
@@ -285,10 +343,15 @@ def _process_env(
     return out
 
 
-def _engine_kwargs(drafter: _Drafter, max_k: int, max_num_seqs: int, options: Mapping[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"method": drafter.method, "model": drafter.name, "num_speculative_tokens": max_k}
-    if drafter.parallel_drafting:
-        spec["parallel_drafting"] = True
+def _engine_kwargs(
+    drafter: _Drafter | None, max_k: int, max_num_seqs: int, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``LLM(...)`` arguments for one launch; ``drafter=None``: no speculation."""
+    spec: dict[str, Any] | None = None
+    if drafter is not None:
+        spec = {"method": drafter.method, "model": drafter.name, "num_speculative_tokens": max_k}
+        if drafter.parallel_drafting:
+            spec["parallel_drafting"] = True
     kw: dict[str, Any] = {
         "dtype": options["dtype"],
         "max_num_seqs": max_num_seqs,
@@ -296,15 +359,132 @@ def _engine_kwargs(drafter: _Drafter, max_k: int, max_num_seqs: int, options: Ma
         # A prompt fully in the prefix cache is scheduled as a padded decode with placeholder drafts, which would
         # blur the acceptance counts; profiling prompts repeat across phases, so the cache stays off.
         "enable_prefix_caching": False,
-        "speculative_config": spec,
-        **engine_kwargs(),
     }
+    if spec is not None:
+        kw["speculative_config"] = spec
     if options.get("max_model_len") is not None:
         kw["max_model_len"] = options["max_model_len"]
     if options.get("load_format") is not None:
         kw["load_format"] = options["load_format"]
     kw.update(options.get("engine_extra") or {})
     return kw
+
+
+@dataclass
+class EngineRun:
+    """One engine launch with the scheduler plugin: the worker's result, the plugin's statistics, the log."""
+
+    ok: bool
+    result: dict[str, Any]
+    """The worker's result: phases (requests, output tokens, wall s, vLLM spec-counter deltas), timings, outputs."""
+    stats: PluginStats | None
+    failure_kind: FailureKind | None = None
+    failure_reason: str | None = None
+    log_tail: str | None = None
+    total_s: float = 0.0
+
+
+def run_plugin_job(
+    model: str,
+    engine_kwargs: Mapping[str, Any],
+    phases: Sequence[Mapping[str, Any]],
+    plugin: PluginConfig,
+    *,
+    warmup: Sequence[Mapping[str, Any]] = (),
+    ignore_eos: bool = False,
+    return_outputs: bool = False,
+    timeout_s: float = 1800.0,
+    env: Mapping[str, str] | None = None,
+    cpu_kv_cache_gib: int | None = 1,
+    log_dir: str | Path | None = None,
+    progress: Progress | None = None,
+) -> EngineRun:
+    """Launch vLLM once in a subprocess with the scheduler plugin configured by ``plugin`` and run ``phases``.
+
+    ``engine_kwargs``: ``LLM(...)`` arguments (the plugin's ``scheduler_cls``/``async_scheduling`` are added).
+    ``phases``: [{"name", "concurrency", "requests": [{"class", "prompt" or "messages", "max_tokens", ...}]}], each
+    run closed-loop at its concurrency; requests carry their class and the phase name to the plugin.
+    ``plugin.stats_path`` is set to a file in the run directory. Failures come back classified (invalid_config,
+    out_of_memory, engine_died, timeout) as for the vllm backend; a plugin that fell back is a failure too.
+    """
+    say = progress or (lambda _line: None)
+    environment = detect_environment()
+    with tempfile.TemporaryDirectory(prefix="ptune-run-") as tmp:
+        run_dir = Path(tmp)
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=log_dir))
+        stats_path = run_dir / "plugin-stats.json"
+        config = PluginConfig.from_dict({**plugin.to_dict(), "stats_path": str(stats_path)})
+        config_path = config.save(run_dir / "plugin.json")
+        job = {
+            "model": model,
+            "engine_kwargs": {**dict(engine_kwargs), **_plugin_engine_kwargs()},
+            "phases": [dict(p) for p in phases],
+            "warmup": [dict(r) for r in warmup],
+            "ignore_eos": ignore_eos,
+            "return_outputs": return_outputs,
+        }
+        job_path, result_path, log_path = run_dir / "job.json", run_dir / "result.json", run_dir / "engine.log"
+        job_path.write_text(json.dumps(job))
+        cmd = [sys.executable, "-m", "autotune.profiling._worker", str(job_path), str(result_path)]
+        process_env = {**_process_env(env, cpu_kv_cache_gib, environment), CONFIG_ENV: str(config_path)}
+        started = time.perf_counter()
+        raw, returncode, timed_out = _run(cmd, log_path, process_env, result_path, timeout_s, say)
+        total = time.perf_counter() - started
+        log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        tail = read_log_tail(log_path)
+        if not raw.get("ok"):
+            kind, reason = classify_failure(
+                phase=str(raw.get("phase") or _last_phase(log_text)),
+                exc_types=list(raw.get("exc_types") or []),
+                message=str(raw.get("message") or ""),
+                returncode=returncode,
+                timed_out=timed_out,
+                log_text=log_text,
+                timeout_s=timeout_s,
+            )
+            return EngineRun(False, raw, None, kind, reason, tail, total)
+        try:
+            stats = PluginStats.load(stats_path)
+        except ValueError as exc:
+            reason = f"the scheduler plugin wrote no statistics ({exc}); the engine itself ran, see log_tail."
+            return EngineRun(False, raw, None, "engine_died", reason, tail, total)
+        if stats.fallback:
+            reason = (
+                "the scheduler plugin fell back to static depth (" + "; ".join(stats.errors) + "); the engine itself "
+                "ran, see log_tail."
+            )
+            return EngineRun(False, raw, stats, "engine_died", reason, tail, total)
+        return EngineRun(True, raw, stats, log_tail=tail, total_s=total)
+
+
+def _baseline(
+    model: str,
+    phases: list[dict[str, Any]],
+    warmup: list[dict[str, Any]],
+    max_num_seqs: int,
+    engine_options: Mapping[str, Any],
+    env: Mapping[str, str] | None,
+    cpu_kv_cache_gib: int | None,
+    ignore_eos: bool,
+    timeout_s: float,
+    log_dir: Path | None,
+    say: Progress,
+) -> list[StepSample]:
+    """Decode-step times of the target without speculation (the plugin in static mode only records them)."""
+    kwargs = _engine_kwargs(None, 0, max_num_seqs, engine_options)
+    run = run_plugin_job(
+        model, kwargs, phases, PluginConfig(mode="static"), warmup=warmup, ignore_eos=ignore_eos,
+        timeout_s=timeout_s, env=env, cpu_kv_cache_gib=cpu_kv_cache_gib, log_dir=log_dir, progress=say,
+    )
+    if not run.ok or run.stats is None:
+        raise BackendUnavailableError(
+            f"The no-speculation baseline launch failed ({run.failure_kind}): {run.failure_reason}\n{run.log_tail}"
+        )
+    samples = run.stats.step_samples(sorted({p["name"] for p in phases}))
+    say(f"      baseline: {len(samples)} step-time samples in {run.total_s:.0f} s")
+    return samples
 
 
 def _profile_one(
@@ -319,7 +499,9 @@ def _profile_one(
     max_k: int,
     provenance: Provenance,
     engine_options: Mapping[str, Any],
-    env: dict[str, str],
+    baseline_samples: list[StepSample],
+    env: Mapping[str, str] | None,
+    cpu_kv_cache_gib: int | None,
     ignore_eos: bool,
     timeout_s: float,
     return_outputs: bool,
@@ -338,80 +520,58 @@ def _profile_one(
         plan=plan,
         workload_name=workload.name,
         workload_hash=workload.content_hash(),
+        baseline_samples=list(baseline_samples),
     )
-    with tempfile.TemporaryDirectory(prefix="peagle-profile-") as tmp:
-        run_dir = Path(tmp)
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            run_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=log_dir))
-        stats_path = run_dir / "plugin-stats.json"
-        config_path = PluginConfig(mode="plan", plan=plan, stats_path=str(stats_path)).save(run_dir / "plugin.json")
-        job = {
-            "model": model,
-            "engine_kwargs": _engine_kwargs(drafter, max_k, max(concurrencies), engine_options),
-            "phases": phases,
-            "warmup": warmup,
-            "ignore_eos": ignore_eos,
-            "return_outputs": return_outputs,
-        }
-        job_path, result_path, log_path = run_dir / "job.json", run_dir / "result.json", run_dir / "engine.log"
-        job_path.write_text(json.dumps(job))
-        cmd = [sys.executable, "-m", "autotune.profiling._worker", str(job_path), str(result_path)]
-        started = time.perf_counter()
-        raw, returncode, timed_out = _run(cmd, log_path, {**env, CONFIG_ENV: str(config_path)}, result_path,
-                                          timeout_s, say)
-        result.timings = {"total_s": time.perf_counter() - started, **(raw.get("timings") or {})}
-        log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-        if not raw.get("ok"):
-            kind, reason = classify_failure(
-                phase=str(raw.get("phase") or _last_phase(log_text)),
-                exc_types=list(raw.get("exc_types") or []),
-                message=str(raw.get("message") or ""),
-                returncode=returncode,
-                timed_out=timed_out,
-                log_text=log_text,
-                timeout_s=timeout_s,
-            )
-            result.ok, result.failure_kind, result.failure_reason = False, kind, reason
-            result.log_tail = read_log_tail(log_path)
-            say(f"      failed ({kind}): {reason}")
-            return result
-        try:
-            stats = PluginStats.load(stats_path)
-        except ValueError as exc:
-            return _plugin_failure(result, f"the scheduler plugin wrote no statistics: {exc}", log_path, say)
-        if stats.fallback:
-            return _plugin_failure(
-                result, "the scheduler plugin fell back to static depth: " + "; ".join(stats.errors), log_path, say
-            )
-        _analyse(result, stats, raw, drafter, max_k)
-        if return_outputs:
-            result.outputs = raw.get("outputs")
-    say(f"      done in {result.timings['total_s']:.0f} s (engine load {result.timings.get('load_s', 0):.0f} s)")
-    return result
-
-
-def _plugin_failure(result: ProfileResult, reason: str, log_path: Path, say: Progress) -> ProfileResult:
-    result.ok, result.failure_kind = False, "engine_died"
-    result.failure_reason = reason + " (see log_tail; the engine itself ran)."
-    result.log_tail = read_log_tail(log_path)
-    say(f"      failed: {reason}")
+    run = run_plugin_job(
+        model,
+        _engine_kwargs(drafter, max_k, max(concurrencies), engine_options),
+        phases,
+        PluginConfig(mode="plan", plan=plan),
+        warmup=warmup,
+        ignore_eos=ignore_eos,
+        return_outputs=return_outputs,
+        timeout_s=timeout_s,
+        env=env,
+        cpu_kv_cache_gib=cpu_kv_cache_gib,
+        log_dir=log_dir,
+        progress=say,
+    )
+    result.timings = {"total_s": run.total_s, **(run.result.get("timings") or {})}
+    if not run.ok or run.stats is None:
+        result.ok, result.failure_kind, result.failure_reason = False, run.failure_kind, run.failure_reason
+        result.log_tail = run.log_tail
+        say(f"      failed ({run.failure_kind}): {run.failure_reason}")
+        return result
+    _analyse(result, run.stats, run.result, drafter, max_k)
+    if return_outputs:
+        result.outputs = run.result.get("outputs")
+    say(f"      done in {run.total_s:.0f} s (engine load {result.timings.get('load_s', 0):.0f} s)")
     return result
 
 
 def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], drafter: _Drafter, max_k: int) -> None:
-    measured = [p["name"] for p in raw["phases"]]
+    measured = sorted({p["name"] for p in raw["phases"]})
     result.acceptance = acceptance_per_class(stats, max_k, measured)
     result.step_samples = stats.step_samples(measured, sequential=not drafter.parallel_drafting)
-    model = fit_cost_model(result.step_samples, sequential=not drafter.parallel_drafting)
+    model = fit_cost_model(result.step_samples + result.baseline_samples, sequential=not drafter.parallel_drafting)
     result.cost_model = model
     result.fit_error = None if model is None else model.fit_error()
     result.metrics_check = metrics_check(
         phase_totals(stats, measured), spec_delta(raw["spec_before"], raw["spec_after"])
     )
+    per_c: dict[int, dict[str, Any]] = {}
+    for p in raw["phases"]:
+        entry = per_c.setdefault(
+            int(p["concurrency"]),
+            {"name": p["name"], "concurrency": int(p["concurrency"]), "num_requests": 0, "output_tokens": 0,
+             "wall_s": 0.0},
+        )
+        entry["num_requests"] += int(p["num_requests"])
+        entry["output_tokens"] += int(p["output_tokens"])
+        entry["wall_s"] += float(p["wall_s"])
     result.phases = [
         {**p, "output_tokens_per_s": p["output_tokens"] / p["wall_s"] if p["wall_s"] > 0 else None}
-        for p in raw["phases"]
+        for _, p in sorted(per_c.items())
     ]
     result.plugin = {
         **stats.info,
@@ -468,6 +628,7 @@ def store_profile(store: Any, result: ProfileResult, workload: Workload, environ
     )
     notes = {
         "engine_launches": result.engine_launches,
+        "baseline_launch": bool(result.baseline_samples),
         "concurrencies": list(result.concurrencies),
         "plan": None if result.plan is None else result.plan.to_dict(),
         "acceptance_source": "scheduler plugin, requests that verified K_max drafts",
@@ -487,7 +648,7 @@ def store_profile(store: Any, result: ProfileResult, workload: Workload, environ
             max_k=result.max_k,
             environment_id=env_id,
             acceptance={c: p.to_dict() for c, p in result.acceptance.items()},
-            step_costs=step_cost_entries(result.step_samples),
+            step_costs=step_cost_entries(result.step_samples + result.baseline_samples),
             drafter=result.drafter,
             drafter_layers=result.drafter_layers,
             parallel_drafting=result.parallel_drafting,

@@ -10,9 +10,10 @@ Job (JSON): ``model``, ``engine_kwargs`` (``LLM(...)`` arguments, speculative co
 "class"), ``ignore_eos``, ``return_outputs``.
 
 Result (JSON): ``{"ok": true, "timings": {...}, "phases": [{"name", "concurrency", "num_requests", "output_tokens",
-"wall_s"}], "spec_before": ..., "spec_after": ...}`` (vLLM's cumulative ``vllm:spec_decode_*`` counters around the
-measured phases) or ``{"ok": false, "phase", "exc_type", "exc_types", "message"}``. Phase marks go to stdout in the
-vllm backend's format, so its failure classification applies unchanged.
+"wall_s", "spec"}], "spec_before": ..., "spec_after": ...}`` (vLLM's cumulative ``vllm:spec_decode_*`` counters
+around all measured phases; "spec" is the delta over one phase) or ``{"ok": false, "phase", "exc_type",
+"exc_types", "message"}``. Phase marks go to stdout in the vllm backend's format, so its failure classification
+applies unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._vllm_worker import PHASE_MARK, spec_snapshot
+from autotune.backends._vllm_worker import PHASE_MARK, spec_delta, spec_snapshot
 from policies._plugin_config import CLASS_KEY, PHASE_KEY
 
 WARMUP_PHASE = "warmup"
@@ -55,25 +56,30 @@ def _prompt(request: dict[str, Any], tokenizer: Any) -> str:
 def run_closed_loop(
     engine: Any, prompts: list[tuple[str, Any]], concurrency: int, id_prefix: str
 ) -> tuple[list[Any], float]:
-    """Run (prompt, SamplingParams) pairs with at most `concurrency` in flight; returns (finished outputs, wall s).
+    """Run (prompt, SamplingParams) pairs with at most `concurrency` in flight; returns (outputs in the order of
+    `prompts`, wall s).
 
     Uses ``LLMEngine.add_request``/``step`` (what ``LLM.generate`` does internally) so a finished request is
-    replaced at once and the decode batch stays at `concurrency` until the queue runs dry.
+    replaced at once and the decode batch stays at `concurrency` until the queue runs dry. Request ids are
+    ``{id_prefix}-{index}``; pass a prefix that is unique per call.
     """
     queue = deque(enumerate(prompts))
     in_flight = 0
-    finished: list[Any] = []
+    finished: dict[int, Any] = {}
+    index: dict[str, int] = {}
     start = time.perf_counter()
     while queue or in_flight:
         while queue and in_flight < concurrency:
             i, (prompt, params) = queue.popleft()
-            engine.add_request(f"{id_prefix}-{i}", prompt, params)
+            request_id = f"{id_prefix}-{i}"
+            index[request_id] = i
+            engine.add_request(request_id, prompt, params)
             in_flight += 1
         for out in engine.step():
             if bool(getattr(out, "finished", False)):
-                finished.append(out)
+                finished[index.get(str(out.request_id), len(index) + len(finished))] = out
                 in_flight -= 1
-    return finished, time.perf_counter() - start
+    return [finished[i] for i in sorted(finished)], time.perf_counter() - start
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -115,10 +121,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     before = spec_snapshot(llm.get_metrics())
     phases: list[dict[str, Any]] = []
     outputs: dict[str, Any] = {}
-    for phase in job["phases"]:
+    for n, phase in enumerate(job["phases"]):
         name, concurrency = str(phase["name"]), int(phase["concurrency"])
         pairs = [(_prompt(r, tokenizer), params(r, name)) for r in phase["requests"]]
-        finished, wall = run_closed_loop(engine, pairs, concurrency, name)
+        phase_before = spec_snapshot(llm.get_metrics())
+        finished, wall = run_closed_loop(engine, pairs, concurrency, f"{name}.{n}")
         phases.append(
             {
                 "name": name,
@@ -126,11 +133,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 "num_requests": len(finished),
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in finished if o.outputs),
                 "wall_s": wall,
+                "spec": spec_delta(phase_before, spec_snapshot(llm.get_metrics())),
             }
         )
         if job.get("return_outputs"):
-            order = sorted(finished, key=lambda o: int(str(o.request_id).rsplit("-", 1)[-1]))
-            outputs[name] = [list(o.outputs[0].token_ids) for o in order]
+            outputs.setdefault(name, []).extend(list(o.outputs[0].token_ids) for o in finished)
     after = spec_snapshot(llm.get_metrics())
     timings["measure_s"] = float(sum(float(p["wall_s"]) for p in phases))
     _enter("done")

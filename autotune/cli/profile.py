@@ -1,0 +1,174 @@
+"""`peagle-tune profile`: acceptance per class and position and the step cost T(B, K), one engine launch per drafter."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from autotune.cli._common import canonical_model, console, db_option, err_console, errors, int_list, open_store
+
+
+@click.command()
+@click.option("--model", required=True, help="Target model: HF id or local path (what vLLM loads).")
+@click.option("--drafter", "drafters", multiple=True, required=True, help="Drafter id or local path (repeatable).")
+@click.option("--workload", required=True, help="Built-in workload name or a .jsonl/.json file (classes per record).")
+@click.option("--concurrency", default="1,4,16", show_default=True, help="Concurrencies, one phase each.")
+@click.option("--max-k", type=int, default=8, show_default=True, help="K_max: the depth the engine drafts at.")
+@click.option(
+    "--method",
+    type=click.Choice(["draft_model", "eagle3", "eagle"]),
+    default=None,
+    help="Speculative method (default: from each drafter's config: eagle3 heads, draft_model for plain LMs).",
+)
+@click.option(
+    "--parallel-drafting",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="auto: on when the drafter's config has a mask token (P-EAGLE, PARD).",
+)
+@click.option("--num-prompts", type=int, default=None, help="Requests per concurrency phase (default: the workload, "
+              "at least 8 per in-flight request).")
+@click.option("--dtype", default="auto", show_default=True, help="Engine dtype (float32 makes CPU runs reproducible).")
+@click.option("--max-model-len", type=int, default=None, help="vLLM max_model_len (small values save memory on CPU).")
+@click.option("--load-format", default=None, help="vLLM load_format (\"dummy\" for config-only checkpoints).")
+@click.option("--enforce-eager", is_flag=True, help="Skip torch.compile/CUDA graphs (faster start for small models).")
+@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Seconds per launch.")
+@click.option("--no-store", is_flag=True, help="Do not store the profiles.")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON instead of tables.")
+@errors
+def profile(
+    model: str,
+    drafters: tuple[str, ...],
+    workload: str,
+    concurrency: str,
+    max_k: int,
+    method: str | None,
+    parallel_drafting: str,
+    num_prompts: int | None,
+    dtype: str,
+    max_model_len: int | None,
+    load_format: str | None,
+    enforce_eager: bool,
+    timeout_s: float,
+    no_store: bool,
+    db_url: str | None,
+    as_json: bool,
+) -> None:
+    """Measure acceptance per workload class and draft position, and the engine step time T(B, K).
+
+    One vLLM launch per drafter, at K = --max-k: a scheduler plugin changes the verified depth at runtime while the
+    workload runs at each concurrency, so one launch measures every depth and batch size. Acceptance comes from
+    the requests that verified K_max drafts (AL(K) for every smaller K follows by prefix consistency); a
+    least-squares step-cost model is fitted to the step times and its fit error is reported. Profiles are stored
+    (see `peagle-tune show --profiles`).
+
+    Example:
+
+        peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l \\
+            --workload examples/workloads/fixture.jsonl --concurrency 1,4,16 --max-k 8
+
+        peagle-tune profile --model meta-llama/Llama-3.1-8B-Instruct --drafter yuhuili/EAGLE3-LLaMA3.1-Instruct-8B \\
+            --workload mixed --json
+    """
+    from autotune.profiling import profile as run_profile
+    from autotune.workloads import load_workload
+
+    concurrencies = int_list(concurrency, "--concurrency")
+    wl = load_workload(workload)
+    store = None if no_store else open_store(db_url)
+    pd = {"auto": None, "on": True, "off": False}[parallel_drafting]
+
+    def progress(line: str) -> None:
+        err_console.print(line, highlight=False, markup=False)
+
+    results = run_profile(
+        model,
+        list(drafters),
+        wl,
+        concurrencies=concurrencies,
+        max_k=max_k,
+        store=store,
+        model_name=canonical_model(model),
+        method=method,
+        parallel_drafting=pd,
+        num_prompts=num_prompts,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        load_format=load_format,
+        engine_extra={"enforce_eager": True} if enforce_eager else None,
+        timeout_s=timeout_s,
+        progress=progress,
+    )
+    launches = sum(r.engine_launches for r in results)
+    if as_json:
+        click.echo(json.dumps({"engine_launches": launches, "profiles": [r.to_dict() for r in results]}, indent=2))
+    else:
+        for r in results:
+            _print_result(r)
+        console.print(f"Engine launches: {launches} for {len(results)} drafter(s).")
+    if not all(r.ok for r in results):
+        raise click.ClickException(
+            "; ".join(f"{r.drafter}: {r.failure_kind}: {r.failure_reason}" for r in results if not r.ok)
+        )
+
+
+def _print_result(r: Any) -> None:
+    where = r.provenance.describe()
+    console.rule(f"{r.drafter} ({r.method}{', parallel drafting' if r.parallel_drafting else ''}, K_max={r.max_k})")
+    if not r.ok:
+        console.print(f"[red]failed ({r.failure_kind})[/red]: {r.failure_reason}")
+        if r.log_tail:
+            console.print(r.log_tail, highlight=False, markup=False)
+        return
+    acc = Table(title=f"Acceptance per position: survival P(first i drafts accepted) [95% interval], {where}")
+    acc.add_column("class")
+    acc.add_column("drafts", justify="right")
+    for i in range(1, r.max_k + 1):
+        acc.add_column(f"pos {i}", justify="right")
+    for cls, p in sorted(r.acceptance.items()):
+        cells = []
+        for i in range(p.max_k):
+            lo, hi = p.survival_interval(i)
+            cells.append(f"{p.survival()[i]:.3f} [{lo:.2f},{hi:.2f}]")
+        acc.add_row(cls, str(p.num_drafts), *cells)
+    console.print(acc)
+    al = Table(title=f"Acceptance length AL(K), tokens per request per step (bonus included), {where}")
+    al.add_column("class")
+    for k in range(r.max_k + 1):
+        al.add_column(f"K={k}", justify="right")
+    for cls, values in sorted(r.acceptance_lengths().items()):
+        al.add_row(cls, *(f"{v:.2f}" for v in values))
+    console.print(al)
+    table = r.step_table()
+    batch_sizes = sorted({b for b, _ in table})
+    cost = Table(title=f"Step time T(B, K), median ms (steps), decode-only steps, {where}")
+    cost.add_column("B \\ K")
+    for k in range(r.max_k + 1):
+        cost.add_column(str(k), justify="right")
+    for b in batch_sizes:
+        row = []
+        for k in range(r.max_k + 1):
+            s = table.get((b, k))
+            row.append("-" if s is None else f"{s.step_ms:.2f} ({s.n})")
+        cost.add_row(str(b), *row)
+    console.print(cost)
+    if r.fit_error is not None:
+        fe = r.fit_error
+        console.print(
+            f"Step-cost model (predicted, least squares): median error {fe['median_rel_error']:.1%}, "
+            f"max {fe['max_rel_error']:.1%}, R^2 {fe['r2']:.3f} over {int(fe['num_samples'])} samples."
+        )
+    check = r.metrics_check or {}
+    console.print(
+        "Cross-check with vLLM's spec-decode counters: " + ("match" if check.get("match") else f"MISMATCH {check}")
+    )
+    phases = ", ".join(f"c={p['concurrency']}: {p['num_requests']} requests in {p['wall_s']:.1f} s" for p in r.phases)
+    console.print(f"Phases: {phases}. Engine launch: {r.timings.get('total_s', 0):.0f} s "
+                  f"(load {r.timings.get('load_s', 0):.0f} s). Stored as profile #{r.profile_id}."
+                  if r.profile_id is not None else
+                  f"Phases: {phases}. Engine launch: {r.timings.get('total_s', 0):.0f} s (not stored).")

@@ -1,0 +1,119 @@
+"""Running the launched server: start ``vllm serve``, forward signals, record live profiles, shut down cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+from autotune.serving._launch import ServeLaunch
+
+__all__ = ["run_server"]
+
+_POLL_S = 0.5
+_SHUTDOWN_GRACE_S = 60.0
+
+
+def run_server(
+    launch: ServeLaunch,
+    recorder: Any | None = None,
+    *,
+    record_every_s: float = 600.0,
+    log: Callable[[str], None] = print,
+    shutdown_grace_s: float = _SHUTDOWN_GRACE_S,
+    stop: threading.Event | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> int:
+    """Launch ``vllm serve`` and supervise it until it exits; returns its exit code.
+
+    The server runs in its own process group with this process's stdout/stderr. SIGINT/SIGTERM received here are
+    forwarded to the whole group (vLLM shuts down gracefully and the plugin flushes its statistics); a second
+    signal, or no exit within ``shutdown_grace_s``, kills the group. Every ``record_every_s`` seconds and once
+    after the server exits, ``recorder.record()`` (a `LiveRecorder`) stores the live profile.
+
+    ``stop``: setting this event stops the server like a SIGTERM (for callers that run the server from code).
+    Signal handlers are installed only when called from the main thread. ``extra_env``: more environment variables
+    for the server (e.g. ``VLLM_CPU_KVCACHE_SPACE``).
+    """
+    launch.write_files()
+    env = dict(os.environ)
+    env.update(launch.env)
+    env.update(extra_env or {})
+    proc = subprocess.Popen(list(launch.argv), env=env, start_new_session=True)
+    stopping: dict[str, float] = {}
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if "since" in stopping:
+            log("peagle-tune serve: second signal, killing the server.")
+            _kill_group(proc, signal.SIGKILL)
+            return
+        stopping["since"] = time.monotonic()
+        _kill_group(proc, signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    next_record = time.monotonic() + record_every_s
+    announced = False
+    try:
+        while proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_POLL_S)
+            now = time.monotonic()
+            if stop is not None and stop.is_set() and "since" not in stopping:
+                forward(signal.SIGTERM, None)
+            if not announced and proc.poll() is None and _healthy(launch.base_url):
+                announced = True
+                log(
+                    f"peagle-tune serve: ready at {launch.base_url}/v1 (metrics, with peagle:* gauges: "
+                    f"{launch.base_url}/metrics; plugin statistics: {launch.stats_path})."
+                )
+            if "since" in stopping and now - stopping["since"] > shutdown_grace_s:
+                log(f"peagle-tune serve: the server did not stop within {shutdown_grace_s:.0f} s; killing it.")
+                _kill_group(proc, signal.SIGKILL)
+            if recorder is not None and now >= next_record:
+                next_record = now + record_every_s
+                _safe_record(recorder, log)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        _kill_group(proc, signal.SIGKILL)  # engine processes left behind by an unclean exit
+        if recorder is not None:
+            _safe_record(recorder, log)
+        launch.cleanup()
+    return int(proc.returncode or 0)
+
+
+def _safe_record(recorder: Any, log: Callable[[str], None]) -> None:
+    """Recording must never take serving down: log store errors and carry on."""
+    try:
+        profile_id = recorder.record()
+    except Exception as exc:  # noqa: BLE001 - a full disk or a down database must not stop the server
+        log(f"peagle-tune serve: could not record the live profile ({type(exc).__name__}: {exc}); will retry.")
+        return
+    if profile_id is not None:
+        log(f"peagle-tune serve: stored live profile #{profile_id}.")
+
+
+def _kill_group(proc: subprocess.Popen[Any], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=1) as resp:  # noqa: S310 - our own server URL
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

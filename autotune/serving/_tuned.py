@@ -1,0 +1,303 @@
+"""What `peagle-tune serve` serves: the tuned config looked up in the store, and the plugin config built from it.
+
+Lookup order:
+
+1. the recommendation: ``--recommendation ID``, else the newest one for this model and this machine's device;
+2. a policy file (``--policy FILE``, written by ``peagle-tune export --format policy``) overrides the recommendation's
+   request policy (classes, caps, floors, static K, max K, controller settings);
+3. acceptance priors and the step-cost model: the newest stored profile (measured or live) of this model and drafter
+   on this device; without one, acceptance comes from the recommendation's acceptance length and the step cost from
+   the roofline (catalog models on catalog GPUs only); without any step-cost model the plugin serves at the static
+   K with the class caps (no adaptation) and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import SpecConfig
+from autotune.exceptions import ConfigError, UsageError
+from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, StepSample, load_policy
+from policies._plugin_config import PluginConfig
+
+__all__ = ["TunedConfig", "plugin_config", "resolve_tuned_config"]
+
+_ROOFLINE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class TunedConfig:
+    """Everything `peagle-tune serve` needs to launch one server, with where each part came from."""
+
+    model: str
+    """What vLLM loads and the store's key: a Hugging Face id or an absolute local path."""
+    spec: SpecConfig
+    """The served config. Its K (``num_speculative_tokens``) is the drafter's depth: the deepest the controller may
+    verify (``policy.max_k``, at least the recommendation's K)."""
+    policy: RequestPolicy
+    """Classes, caps/floors, static K (the fallback depth) and controller settings."""
+    recommendation: dict[str, Any]
+    """The stored recommendation (its ``to_dict()``)."""
+    profile: dict[str, Any] | None = None
+    """The stored profile the priors came from (its ``to_dict()``), or None."""
+    acceptance: dict[str, AcceptanceProfile] = field(default_factory=dict)
+    """Acceptance priors per class seeding the live estimator (measured counts from a profile, or a prediction
+    from the recommendation's acceptance length)."""
+    acceptance_source: str = ""
+    cost_model: StepCostModel | None = None
+    """Step-cost model T(B, K) in ms (fitted to a profile's measurements, or predicted by the roofline); None: no
+    adaptation is possible and the plugin serves at the static K."""
+    cost_source: str = ""
+    notes: tuple[str, ...] = ()
+    """Human-readable remarks on the lookup (shown by ``peagle-tune serve`` before launching)."""
+
+    @property
+    def static_k(self) -> int:
+        """The offline-tuned depth: the controller's fallback."""
+        return self.policy.static_k
+
+    @property
+    def adaptive(self) -> bool:
+        """True when the controller can run (speculation on and a step-cost model known)."""
+        return self.spec.speculative and self.cost_model is not None
+
+    def reference_acceptance_length(self) -> dict[str, float]:
+        """Per class, AL at the static K that live acceptance is compared with (see `autotune.serving.check_drift`):
+        the profile's measured counts, else the recommendation's acceptance length under the key ``"*"``."""
+        k = self.static_k
+        if self.profile is not None and self.acceptance:
+            return {cls: p.acceptance_length(k) for cls, p in self.acceptance.items()}
+        al = (self.recommendation.get("metrics") or {}).get("acceptance_length")
+        return {"*": float(al)} if isinstance(al, int | float) and al >= 1.0 else {}
+
+
+def resolve_tuned_config(
+    store: Any,
+    model: str,
+    *,
+    recommendation_id: int | None = None,
+    policy_path: str | Path | None = None,
+    drafter: str | None = None,
+    device: str | None = None,
+    max_k: int | None = None,
+) -> TunedConfig:
+    """Look up the tuned config for ``model`` on ``device`` (default: this machine's) in ``store``.
+
+    ``drafter``: serve this drafter (e.g. a local copy of the recommended one) instead of the recommendation's.
+    ``max_k``: the drafter's depth, i.e. the deepest depth the controller may verify (default: the policy's max_k,
+    which is at least the recommended K).
+    Raises `UsageError` (naming the fix) when there is no recommendation, the policy file is broken (a
+    `policies.PolicyFileError` naming the key), or the recommended drafter cannot be served.
+    """
+    from autotune.environment import detect_environment
+
+    device = device or detect_environment()["device"]
+    notes: list[str] = []
+    rec = _recommendation(store, model, recommendation_id, device, notes)
+    config = SpecConfig.from_dict(dict(rec.best_config))
+    if (rec.metrics or {}).get("hypothetical_drafter") and drafter is None:
+        raise UsageError(
+            f"Recommendation #{rec.id} names the HYPOTHETICAL drafter {config.drafter!r}: no checkpoint exists, so "
+            "vLLM cannot load it. Pass --drafter PATH to serve a real drafter, or re-run `peagle-tune search` "
+            "without --include-hypothetical."
+        )
+    if drafter is not None:
+        if not config.speculative:
+            raise UsageError(
+                f"Recommendation #{rec.id} serves without speculation, so --drafter {drafter!r} has nothing to "
+                "replace. Drop --drafter, or pick a recommendation that speculates (--recommendation ID)."
+            )
+        notes.append(f"Drafter {drafter} replaces the recommended {config.drafter}.")
+        config = config.with_(drafter=drafter)
+
+    if policy_path is not None:
+        policy = load_policy(policy_path)
+        notes.append(f"Request policy from {policy_path} (overrides recommendation #{rec.id}'s classes and caps).")
+    else:
+        policy = _policy_of(rec.to_dict())
+    if config.speculative:
+        depth = max(policy.max_k, config.k) if max_k is None else max_k
+        if depth < policy.static_k:
+            raise UsageError(
+                f"--max-k {depth} is below the static K {policy.static_k} the server falls back to; pass "
+                f"--max-k >= {policy.static_k}."
+            )
+        try:
+            config = config.with_(num_speculative_tokens=depth)
+        except ConfigError as exc:
+            raise UsageError(f"--max-k: {exc}") from None
+        if depth != policy.max_k:
+            policy = dataclasses.replace(policy, max_k=depth, classes=_clip_classes(policy.classes, depth))
+    else:
+        notes.append(f"Recommendation #{rec.id} serves WITHOUT speculation: nothing to adapt; the plugin only "
+                     "records step times.")
+
+    tuned = TunedConfig(model=model, spec=config, policy=policy, recommendation=rec.to_dict())
+    if not config.speculative:
+        return dataclasses.replace(tuned, notes=tuple(notes))
+    return _with_priors(store, tuned, device, notes)
+
+
+def _recommendation(store: Any, model: str, rec_id: int | None, device: str, notes: list[str]) -> Any:
+    if rec_id is not None:
+        rec = store.get_recommendation(rec_id)
+        if rec.model != model:
+            raise UsageError(
+                f"Recommendation #{rec_id} is for model {rec.model!r}, not {model!r}. Pass --model {rec.model} or "
+                f"the id of a recommendation for {model!r} (`peagle-tune show --model {model}`)."
+            )
+        if rec.gpu != device:
+            notes.append(f"Recommendation #{rec_id} was tuned for {rec.gpu}; this machine is {device}.")
+        return rec
+    rec = store.latest_recommendation(model=model, gpu=device)
+    if rec is not None:
+        return rec
+    others = sorted({r.gpu for r in store.list_recommendations(model=model)})
+    hint = (
+        f" There are recommendations for {model} on {', '.join(others)}: pass --recommendation ID to serve one "
+        f"of them (`peagle-tune show --model {model}` lists the ids)."
+        if others
+        else ""
+    )
+    raise UsageError(
+        f"There is no recommendation for {model} on this machine's device ({device}). Run `peagle-tune search "
+        f"--model {model} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}"
+    )
+
+
+def _policy_of(rec: Mapping[str, Any]) -> RequestPolicy:
+    """The recommendation's request policy (the same document `peagle-tune export --format policy` writes)."""
+    from autotune.export import policy_document
+
+    return RequestPolicy.from_dict(policy_document(rec), source=f"recommendation #{rec.get('id')}")
+
+
+def _clip_classes(classes: Mapping[str, ClassPolicy], depth: int) -> dict[str, ClassPolicy]:
+    out = {}
+    for name, c in classes.items():
+        cap = c.max_k if c.max_k is None else min(c.max_k, depth)
+        out[name] = ClassPolicy(max_k=cap, min_k=min(c.min_k, depth if cap is None else cap))
+    return out
+
+
+def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) -> TunedConfig:
+    """Acceptance priors and the step-cost model: newest profile, else the recommendation and the roofline."""
+    from autotune.profiling import predictor_from_profile
+
+    spec = tuned.spec
+    rec = tuned.recommendation
+    names = [n for n in dict.fromkeys([spec.drafter, (rec.get("best_config") or {}).get("drafter")]) if n]
+    profile = None
+    for name in names:
+        candidate = store.latest_profile(tuned.model, drafter=name, device=device)
+        if candidate is None:
+            continue
+        if candidate.parallel_drafting != spec.parallel_drafting:
+            notes.append(
+                f"Profile #{candidate.id} of {name} was measured with parallel_drafting={candidate.parallel_drafting}"
+                f", but the served config has {spec.parallel_drafting}: not used."
+            )
+            continue
+        profile = candidate
+        break
+    acceptance: dict[str, AcceptanceProfile] = {}
+    cost: StepCostModel | None = None
+    acceptance_source = cost_source = ""
+    if profile is not None:
+        try:
+            acceptance, cost = predictor_from_profile(profile)
+            acceptance_source = cost_source = f"{profile.kind} profile #{profile.id}"
+        except ValueError as exc:
+            notes.append(f"Profile #{profile.id} is incomplete ({exc}).")
+            acceptance = {
+                c: AcceptanceProfile.from_dict({k: e[k] for k in ("num_drafts", "accepted_per_position")})
+                for c, e in (profile.acceptance or {}).items()
+                if int(e.get("num_drafts", 0)) > 0 and e.get("accepted_per_position")
+            }
+            acceptance_source = f"{profile.kind} profile #{profile.id}" if acceptance else ""
+    else:
+        notes.append(
+            f"No stored profile of {spec.drafter} on {device}: run `peagle-tune profile --model {tuned.model} "
+            f"--drafter {spec.drafter} --workload W` for measured acceptance and step costs."
+        )
+    if not acceptance:
+        al = (rec.get("metrics") or {}).get("acceptance_length")
+        base_k = SpecConfig.from_dict(dict(rec["best_config"])).k
+        if isinstance(al, int | float) and 1.0 <= al <= base_k + 1:
+            prior = AcceptanceProfile.from_acceptance_length(float(al), base_k, max_k=spec.k)
+            classes = {tuned.policy.default_class, *tuned.policy.classes}
+            acceptance = dict.fromkeys(sorted(classes), prior)
+            acceptance_source = (
+                f"recommendation #{rec.get('id')} (AL {al:.2f} at K={base_k}, geometric per position: predicted)"
+            )
+    if cost is None:
+        cost = roofline_cost_model(tuned.model, device, spec)
+        if cost is not None:
+            cost_source = f"roofline for {device} (predicted; refined online from measured step times)"
+        else:
+            notes.append(
+                "No step-cost model (no profile, and the roofline knows no such model/device): serving at the static "
+                f"K={tuned.static_k} with the class caps, without adaptation. Run `peagle-tune profile` to enable it."
+            )
+    return dataclasses.replace(
+        tuned,
+        profile=None if profile is None else profile.to_dict(),
+        acceptance=acceptance,
+        acceptance_source=acceptance_source,
+        cost_model=cost,
+        cost_source=cost_source,
+        notes=tuple(notes),
+    )
+
+
+def roofline_cost_model(model: str, device: str, spec: SpecConfig) -> StepCostModel | None:
+    """A `StepCostModel` fitted to roofline predictions (predicted, not measured) for a catalog model on a catalog
+    GPU, at batch sizes 1..min(256, max_num_seqs) and depths 0..K; None when either is not in the catalogs."""
+    from autotune.backends.model import ModelBackend
+    from autotune.catalogs import get_gpu, resolve_model
+    from autotune.exceptions import PeagleError
+
+    try:
+        backend = ModelBackend(resolve_model(model), get_gpu(device))
+        sizes = [b for b in _ROOFLINE_BATCH_SIZES if b <= max(spec.max_num_seqs, 1)] or [1]
+        samples = []
+        for b in sizes:
+            samples.append(StepSample(b, 0, backend.predict_step_ms(SpecConfig(max_num_seqs=spec.max_num_seqs), b)))
+            for k in range(1, spec.k + 1):
+                samples.append(StepSample(b, k, backend.predict_step_ms(spec.with_(num_speculative_tokens=k), b)))
+        return StepCostModel.fit(samples, sequential=not spec.parallel_drafting)
+    except (PeagleError, ValueError, KeyError):
+        return None
+
+
+def plugin_config(
+    tuned: TunedConfig,
+    stats_path: str | Path | None,
+    *,
+    flush_every_s: float = 5.0,
+    overrides: Mapping[str, Any] | None = None,
+) -> PluginConfig:
+    """The scheduler plugin's config for ``tuned``: adaptive mode when a step-cost model is known, else static
+    mode at the static K; the class caps apply in both (and after a controller fallback). ``overrides``: further
+    `PluginConfig` fields (e.g. the plugin's fault-injection test hooks)."""
+    caps = {name: c.max_k for name, c in tuned.policy.classes.items() if c.max_k is not None}
+    common: dict[str, Any] = {
+        "stats_path": None if stats_path is None else str(stats_path),
+        "static_depth": tuned.static_k if tuned.spec.speculative else None,
+        "class_depths": caps,
+        "flush_every_s": flush_every_s,
+        **(overrides or {}),
+    }
+    if not tuned.adaptive:
+        return PluginConfig(mode="static", **common)
+    assert tuned.cost_model is not None
+    adaptive = {
+        "policy": tuned.policy.to_dict(),
+        "cost_model": tuned.cost_model.to_dict(),
+        "acceptance": {cls: p.to_dict() for cls, p in sorted(tuned.acceptance.items())},
+    }
+    return PluginConfig(mode="adaptive", adaptive=adaptive, **common)

@@ -1,0 +1,205 @@
+"""Prometheus metrics of the scheduler plugin: chosen depth, estimated acceptance, predicted goodput, live counters.
+
+Where they appear. The plugin runs in vLLM's engine-core process, but ``/metrics`` is served by the API-server
+process. With ``PROMETHEUS_MULTIPROC_DIR`` set in the environment of ``vllm serve`` (``peagle-tune serve`` sets it
+to a fresh directory per launch), prometheus_client runs in multiprocess mode in every vLLM process: each writes
+its values to memory-mapped files in that directory and vLLM's ``/metrics`` (which then uses a
+``MultiProcessCollector``, `vllm.v1.metrics.prometheus.get_prometheus_registry`) aggregates all of them, so the
+``peagle:*`` series below sit next to vLLM's own. Without that variable they stay in the engine process (invisible,
+harmless). Gauges use ``multiprocess_mode="mostrecent"`` as vLLM's do.
+
+Series (label ``engine``: the data-parallel rank):
+
+- ``peagle:depth{class}``: the controller's current depth per class, before per-request caps (predicted best);
+- ``peagle:batch_depth``: the deepest verified depth of the last decision; ``peagle:static_depth``: the fallback;
+- ``peagle:estimated_acceptance_length{class}``: AL at the class's current depth, tokens per request-step
+  including the bonus token (the live estimate); ``peagle:estimated_survival{class,position}``: P(the first
+  position+1 drafts are accepted), position 0-based like vLLM's ``spec_decode_num_accepted_tokens_per_pos``;
+- ``peagle:predicted_goodput_tokens_per_second`` and ``peagle:predicted_step_seconds`` of the last decision;
+- ``peagle:fallback``: 1 while the plugin serves at the static depth (controller error or plugin disabled);
+- counters ``peagle:decisions_total``, ``peagle:fallback_decisions_total``, and per class the measured
+  ``peagle:drafts_total``, ``peagle:draft_tokens_total``, ``peagle:accepted_tokens_total`` and
+  ``peagle:accepted_tokens_per_pos_total{position}``.
+
+Writes are batched: counters accumulate in memory and everything is pushed to Prometheus at most every
+``min_interval_s`` (default 1 s), so a step pays a few dictionary updates, not file writes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["METRIC_NAMES", "PluginMetrics"]
+
+METRIC_NAMES: tuple[str, ...] = (
+    "peagle:depth",
+    "peagle:batch_depth",
+    "peagle:static_depth",
+    "peagle:estimated_acceptance_length",
+    "peagle:estimated_survival",
+    "peagle:predicted_goodput_tokens_per_second",
+    "peagle:predicted_step_seconds",
+    "peagle:fallback",
+    "peagle:decisions",
+    "peagle:fallback_decisions",
+    "peagle:drafts",
+    "peagle:draft_tokens",
+    "peagle:accepted_tokens",
+    "peagle:accepted_tokens_per_pos",
+)
+"""Metric names (counters get ``_total`` appended in the exposition)."""
+
+_SERIES: dict[str, Any] | None = None  # one set of metric objects per process (prometheus forbids re-registering)
+
+
+def _series() -> dict[str, Any]:
+    global _SERIES
+    if _SERIES is None:
+        from prometheus_client import Counter, Gauge
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return Gauge(name, doc, ["engine", *labels], multiprocess_mode="mostrecent")
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return Counter(name, doc, ["engine", *labels])
+
+        _SERIES = {
+            "depth": gauge(
+                "peagle:depth", "Controller's verified depth per class before per-request caps.", ("class",)
+            ),
+            "batch_depth": gauge("peagle:batch_depth", "Deepest verified depth of the last decision."),
+            "static_depth": gauge("peagle:static_depth", "Static (fallback) verified depth."),
+            "al": gauge(
+                "peagle:estimated_acceptance_length",
+                "Estimated acceptance length at the class's current depth (tokens per request-step, bonus included).",
+                ("class",),
+            ),
+            "survival": gauge(
+                "peagle:estimated_survival",
+                "Estimated probability that the first position+1 drafts are accepted.",
+                ("class", "position"),
+            ),
+            "goodput": gauge(
+                "peagle:predicted_goodput_tokens_per_second", "Predicted goodput of the last decision (tokens/s)."
+            ),
+            "step": gauge("peagle:predicted_step_seconds", "Predicted engine step time of the last decision (s)."),
+            "fallback": gauge("peagle:fallback", "1 while the plugin serves at the static depth (fallback)."),
+            "decisions": counter("peagle:decisions", "Depth decisions made by the controller."),
+            "fallback_decisions": counter("peagle:fallback_decisions", "Decisions that fell back to the static depth."),
+            "drafts": counter(
+                "peagle:drafts", "Drafts verified (request-steps with >= 1 draft), measured.", ("class",)
+            ),
+            "draft_tokens": counter("peagle:draft_tokens", "Draft tokens verified, measured.", ("class",)),
+            "accepted": counter("peagle:accepted_tokens", "Draft tokens accepted, measured.", ("class",)),
+            "accepted_pos": counter(
+                "peagle:accepted_tokens_per_pos", "Accepted draft tokens per position, measured.", ("class", "position")
+            ),
+        }
+    return _SERIES
+
+
+class PluginMetrics:
+    """The plugin's Prometheus series (see the module docstring); cheap to call every step.
+
+    ``engine``: label value (the data-parallel rank). ``max_k``: positions of the survival gauges.
+    """
+
+    def __init__(self, max_k: int, static_depth: int, *, engine: str = "0", min_interval_s: float = 1.0) -> None:
+        self.max_k = int(max_k)
+        self.engine = str(engine)
+        self.min_interval_s = float(min_interval_s)
+        self._series = _series()
+        self._next_push = 0.0
+        self._decisions = 0
+        self._fallbacks = 0
+        self._counts: dict[str, list[int]] = {}  # class -> [drafts, draft tokens, accepted, acc pos 0, acc pos 1, ...]
+        self._decision: Any = None
+        self._controller: Any = None
+        self._fallback = False
+        self._series["static_depth"].labels(self.engine).set(static_depth)
+        self._series["fallback"].labels(self.engine).set(0)
+
+    def observe_decision(self, decision: Any, controller: Any = None) -> None:
+        """Note a `policies.Decision` (and the controller whose estimates to export)."""
+        self._decisions += 1
+        if decision.fallback:
+            self._fallbacks += 1
+        self._fallback = bool(decision.fallback)
+        self._decision = decision
+        self._controller = controller
+
+    def observe_requests(self, rows: Iterable[tuple[str, int, int]]) -> None:
+        """One step's measured results: (class, drafted, accepted) per request."""
+        counts = self._counts
+        width = 3 + self.max_k
+        for cls, drafted, accepted in rows:
+            if drafted <= 0:
+                continue
+            c = counts.get(cls)
+            if c is None:
+                c = counts[cls] = [0] * width
+            c[0] += 1
+            c[1] += drafted
+            c[2] += accepted
+            for i in range(min(accepted, self.max_k)):
+                c[3 + i] += 1
+
+    def set_fallback(self, on: bool = True) -> None:
+        """Mark the plugin as serving at the static depth (e.g. after it disabled itself)."""
+        self._fallback = on
+        self.push(force=True)
+
+    def maybe_push(self, now: float | None = None) -> None:
+        """Push to Prometheus if ``min_interval_s`` has passed since the last push."""
+        now = time.monotonic() if now is None else now
+        if now >= self._next_push:
+            self._next_push = now + self.min_interval_s
+            self.push()
+
+    def push(self, force: bool = False) -> None:
+        """Write everything accumulated so far to the Prometheus series."""
+        s, e = self._series, self.engine
+        s["fallback"].labels(e).set(1 if self._fallback else 0)
+        if self._decisions:
+            s["decisions"].labels(e).inc(self._decisions)
+            self._decisions = 0
+        if self._fallbacks:
+            s["fallback_decisions"].labels(e).inc(self._fallbacks)
+            self._fallbacks = 0
+        for cls, c in self._counts.items():
+            if c[0] == 0:
+                continue
+            s["drafts"].labels(e, cls).inc(c[0])
+            s["draft_tokens"].labels(e, cls).inc(c[1])
+            if c[2]:
+                s["accepted"].labels(e, cls).inc(c[2])
+            for i, n in enumerate(c[3:]):
+                if n:
+                    s["accepted_pos"].labels(e, cls, str(i)).inc(n)
+            for i in range(len(c)):
+                c[i] = 0
+        decision = self._decision
+        if decision is None:
+            return
+        s["batch_depth"].labels(e).set(decision.batch_depth)
+        if not decision.fallback:
+            if math.isfinite(decision.predicted_goodput):
+                s["goodput"].labels(e).set(decision.predicted_goodput)
+            if math.isfinite(decision.predicted_step_ms):
+                s["step"].labels(e).set(decision.predicted_step_ms / 1000.0)
+            for cls, depth in decision.plan.items():
+                s["depth"].labels(e, cls).set(depth)
+        controller = self._controller
+        if controller is None:
+            return
+        plan = decision.plan
+        estimator = controller.estimator
+        for cls in estimator.classes():
+            als = estimator.acceptance_lengths(cls, self.max_k)
+            depth = plan.get(cls, decision.default_depth)
+            s["al"].labels(e, cls).set(float(als[min(depth, self.max_k)]))
+            for i in range(self.max_k):
+                s["survival"].labels(e, cls, str(i)).set(float(als[i + 1] - als[i]))

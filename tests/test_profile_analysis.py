@@ -1,0 +1,126 @@
+"""Profile analysis without an engine: acceptance at full depth, phase totals, the vLLM cross-check, the predictor
+from a stored profile, argument checks and the CLI's help."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli.profile import profile as profile_command
+from autotune.exceptions import ConfigError
+from autotune.profiling import (
+    acceptance_per_class,
+    draft_model_path_problem,
+    metrics_check,
+    phase_totals,
+    predictor_from_profile,
+    profile,
+)
+from autotune.workloads import Workload, WorkloadRequest
+from policies import AcceptanceProfile, StepCostModel
+from policies._plugin_config import PluginStats
+
+
+def _stats() -> PluginStats:
+    stats = PluginStats()
+    # warm-up: must be ignored by everything measured
+    stats.observe_step(step_ms=50.0, prompt_tokens=0, drafting_depth=3, requests=[("code", "warmup", 3, 3)])
+    # measured, full depth 3: code accepts 3 and 1
+    stats.observe_step(step_ms=6.0, prompt_tokens=0, drafting_depth=3,
+                       requests=[("code", "c2", 3, 3), ("code", "c2", 3, 1)])
+    # measured, trimmed to 1: code accepts 1, chat accepts 0
+    stats.observe_step(step_ms=4.0, prompt_tokens=0, drafting_depth=3,
+                       requests=[("code", "c2", 1, 1), ("chat", "c2", 1, 0)])
+    return stats
+
+
+def test_acceptance_uses_only_full_depth_steps_of_measured_phases() -> None:
+    got = acceptance_per_class(_stats(), 3, ["c2"])
+    # code at depth 3 in phase c2: drafts accepted 3 and 1 -> 2 drafts, positions [2, 1, 1].
+    # chat never verified 3 drafts, so it has no full-depth profile.
+    assert got == {"code": AcceptanceProfile(2, (2, 1, 1))}
+
+
+def test_phase_totals_match_what_vllm_counts_over_the_same_phases() -> None:
+    totals = phase_totals(_stats(), ["c2"])
+    # 4 drafts: 3+3+1+1 = 8 draft tokens; accepted 3+1+1+0 = 5; per position [3, 1, 1].
+    assert totals == {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 5,
+                      "accepted_per_position": [3, 1, 1]}
+    vllm_delta = {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 5, "accepted_per_position": [3, 1, 1]}
+    assert metrics_check(totals, vllm_delta)["match"]
+    # vLLM's vector may be longer (K_max positions) with zeros: still a match.
+    assert metrics_check(totals, {**vllm_delta, "accepted_per_position": [3, 1, 1, 0]})["match"]
+    assert not metrics_check(totals, {**vllm_delta, "num_drafts": 5})["match"]
+
+
+def test_predictor_uses_the_stored_cost_model_or_refits_the_stored_samples() -> None:
+    cost = StepCostModel({"base": 2.0, "per_verified_token": 0.5})
+    record = {
+        "id": 7,
+        "acceptance": {"code": {"num_drafts": 10, "accepted_per_position": [8, 6]}},
+        "cost_model": cost.to_dict(),
+        "parallel_drafting": True,
+        "step_costs": [],
+    }
+    acceptance, model = predictor_from_profile(record)
+    assert acceptance == {"code": AcceptanceProfile(10, (8, 6))}
+    # T(4, 2) = 2 + 0.5 * 4 * 3 = 8 ms with the drafter term at 0.
+    assert model.predict(4, 2) == pytest.approx(8.0)
+    # Without a stored fit: refit from samples that follow T = 1 + 0.25 V exactly.
+    samples = [
+        {"batch_size": b, "depth": k, "step_ms": 1.0 + 0.25 * b * (k + 1), "n": 3, "verified_tokens": b * (k + 1),
+         "drafter_ran": True}
+        for b in (1, 4, 16) for k in (0, 2, 4)
+    ]
+    _, refit = predictor_from_profile({**record, "cost_model": None, "step_costs": samples})
+    assert refit.predict(8, 3, drafter_ran=True) == pytest.approx(1.0 + 0.25 * 32, rel=1e-6)
+
+
+def test_predictor_errors_say_what_is_missing() -> None:
+    with pytest.raises(ValueError, match="has no acceptance per class"):
+        predictor_from_profile({"id": 3, "acceptance": {}})
+    with pytest.raises(ValueError, match="needs at least 2"):
+        predictor_from_profile({"id": 3, "acceptance": {"a": {"num_drafts": 1, "accepted_per_position": [1]}},
+                                "step_costs": []})
+
+
+def test_draft_model_paths_that_vllm_would_reinterpret_are_refused() -> None:
+    # vLLM 0.32 turns method draft_model into "eagle" when the drafter path contains "eagle-".
+    assert "eagle-" in (draft_model_path_problem("/home/me/peagle-tune/models/drafter") or "")
+    assert draft_model_path_problem("/work/main/tests/fixtures/models/drafter-1l") is None
+
+
+def test_invalid_arguments_fail_before_any_engine_starts(tmp_path: object) -> None:
+    wl = Workload("w", {"a": (WorkloadRequest(prompt="x"),)})
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match="max_k must be an integer in"):
+        profile("m", ["d"], wl, max_k=0)
+    with pytest.raises(ConfigError, match="concurrencies must be integers >= 1"):
+        profile("m", ["d"], wl, concurrencies=[0, 4])
+    with pytest.raises(ConfigError, match="at least one drafter"):
+        profile("m", [], wl)
+    with pytest.raises(ConfigError, match="has no requests"):
+        profile("m", ["d"], Workload("empty", {}))
+
+
+def test_cli_help_has_an_example() -> None:
+    result = CliRunner().invoke(profile_command, ["--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and "--drafter" in result.output and "--max-k" in result.output
+
+
+def test_phases_alternate_concurrencies_and_keep_the_class_mix() -> None:
+    from autotune.profiling._profile import _phase_requests
+
+    wl = Workload("w", {"a": tuple(WorkloadRequest(prompt=f"a{i}") for i in range(3)),
+                        "b": tuple(WorkloadRequest(prompt=f"b{i}") for i in range(3))})
+    phases = _phase_requests(wl, [1, 4], num_prompts=6, rounds=2)
+    # Two rounds of (c1, c4), each half of the 6 prompts per concurrency, so drifts of the machine hit both.
+    assert [(p["name"], p["concurrency"], len(p["requests"])) for p in phases] == [
+        ("c1", 1, 3), ("c4", 4, 3), ("c1", 1, 3), ("c4", 4, 3)
+    ]
+    # Classes interleaved as in Workload.requests(): a0 b0 a1 | b1 a2 b2.
+    assert [r["prompt"] for p in phases[:3:2] for r in p["requests"]] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    # Default size: the whole workload (6), but at least 8 requests per in-flight slot: max(6, 8) and max(6, 32).
+    sizes = [len(p["requests"]) for p in _phase_requests(wl, [1, 4], num_prompts=None, rounds=1)]
+    assert sizes == [8, 32]

@@ -1,0 +1,69 @@
+"""`run_server` on a stand-in for ``vllm serve``: signal forwarding, periodic and final live-profile records."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from pathlib import Path
+
+from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
+from store import Store
+from test_serve_launch import ENV, MODEL, add_profile, add_recommendation
+
+# Stands in for `vllm serve`: like the plugin, it writes statistics to the configured stats_path (one step of
+# class "predictable" now, a second one when it is told to stop), and exits 0 on SIGTERM.
+FAKE_SERVER = """
+import os, signal, sys, time
+from pathlib import Path
+from policies._plugin_config import PluginConfig, PluginStats
+
+config = PluginConfig.from_env()
+stats = PluginStats()
+def step():
+    rows = [("predictable", "default", 3, 3)] * 4
+    stats.observe_step(step_ms=9.0, prompt_tokens=0, requests=rows, drafting_depth=5)
+    stats.save(config.stats_path)
+def stop(signum, frame):
+    step()
+    Path(sys.argv[1]).write_text(str(signum))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+step()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stop_is_forwarded_and_live_profiles_are_recorded_periodically_and_at_exit(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    add_recommendation(store)
+    add_profile(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    launch = build_launch(tuned, port=18999, run_dir=tmp_path / "run")
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    marker = tmp_path / "terminated"
+    launch = dataclasses.replace(launch, argv=(sys.executable, str(script), str(marker)))
+    logs: list[str] = []
+    recorder = LiveRecorder(store, tuned, launch.stats_path, log=logs.append, environment=ENV)
+    stop = threading.Event()
+
+    def stop_after_first_record() -> None:
+        deadline = time.monotonic() + 60
+        while not recorder.profile_ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+
+    threading.Thread(target=stop_after_first_record, daemon=True).start()
+    code = run_server(launch, recorder, record_every_s=0.2, log=logs.append, stop=stop)
+
+    assert code == 0
+    assert marker.read_text() == "15"  # the server got SIGTERM
+    # One record while running (4 drafts), one after the exit with the final statistics (8 drafts).
+    assert len(recorder.profile_ids) == 2, logs
+    final = store.get_profile(recorder.profile_ids[-1])
+    assert final.kind == "live" and final.acceptance["predictable"]["num_drafts"] == 8
+    assert not launch.metrics_dir.exists()  # Prometheus multiprocess files are removed after the run
+    assert launch.plugin_path.is_file()  # the plugin config stays for inspection
