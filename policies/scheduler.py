@@ -81,6 +81,7 @@ class PeagleScheduler(Scheduler):
         self._t0: dict[int, float] = {}
         self._next_depth: dict[str, int] = {}
         self._drafting_depth = 0
+        self._lower = False
         self._labels: dict[str, tuple[Any, tuple[str, str]]] = {}
         self._plan_counters: dict[int, int] = {}
         self._decisions = 0
@@ -377,6 +378,8 @@ class PeagleScheduler(Scheduler):
 
     def _record(self, observed: tuple[list[tuple[str, str, str, int, int]], int, int], step_ms: float | None) -> None:
         rows, prompt_tokens, drafting = observed
+        if not rows:  # nothing was scheduled (an idle step): not an engine step worth recording
+            return
         assert self._stats is not None
         self._stats.observe_step(
             step_ms=step_ms,
@@ -384,7 +387,7 @@ class PeagleScheduler(Scheduler):
             requests=[(c, p, d, a) for _, c, p, d, a in rows],
             drafting_depth=drafting,
         )
-        if self._controller is not None and rows:
+        if self._controller is not None:
             results = [(r, c, d, a) for r, c, _, d, a in rows]
             self._controller.observe_step(results, step_ms if prompt_tokens == 0 else None)
         if self._metrics is not None:

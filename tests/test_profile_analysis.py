@@ -3,14 +3,16 @@ from a stored profile, argument checks and the CLI's help."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
+from autotune.backends._paths import hijacking_substring, safe_draft_model_path
 from autotune.cli.profile import profile as profile_command
 from autotune.exceptions import ConfigError
 from autotune.profiling import (
     acceptance_per_class,
-    draft_model_path_problem,
     metrics_check,
     phase_totals,
     predictor_from_profile,
@@ -84,10 +86,17 @@ def test_predictor_errors_say_what_is_missing() -> None:
                                 "step_costs": []})
 
 
-def test_draft_model_paths_that_vllm_would_reinterpret_are_refused() -> None:
-    # vLLM 0.32 turns method draft_model into "eagle" when the drafter path contains "eagle-".
-    assert "eagle-" in (draft_model_path_problem("/home/me/peagle-tune/models/drafter") or "")
-    assert draft_model_path_problem("/work/main/tests/fixtures/models/drafter-1l") is None
+def test_draft_model_paths_that_vllm_would_reinterpret_are_aliased(tmp_path: Path) -> None:
+    # vLLM 0.32 turns method draft_model into "eagle" when the drafter path contains "eagle-" (as in a checkout
+    # named peagle-tune); the engine gets a neutral symlink to the same directory instead.
+    drafter = tmp_path / "peagle-tune" / "drafter"
+    drafter.mkdir(parents=True)
+    alias = safe_draft_model_path(str(drafter))
+    assert hijacking_substring(alias) is None
+    assert Path(alias).resolve() == drafter.resolve()
+    plain = tmp_path / "models" / "drafter-1l"
+    plain.mkdir(parents=True)
+    assert safe_draft_model_path(str(plain)) == str(plain)
 
 
 def test_invalid_arguments_fail_before_any_engine_starts(tmp_path: object) -> None:
@@ -124,3 +133,43 @@ def test_phases_alternate_concurrencies_and_keep_the_class_mix() -> None:
     # Default size: the whole workload (6), but at least 8 requests per in-flight slot: max(6, 8) and max(6, 32).
     sizes = [len(p["requests"]) for p in _phase_requests(wl, [1, 4], num_prompts=None, rounds=1)]
     assert sizes == [8, 32]
+
+
+def test_cli_prints_acceptance_step_costs_fit_and_launches_labelled_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.config import Provenance
+    from autotune.profiling import ProfileResult
+    from policies import StepSample
+
+    samples = [StepSample(b, k, 2.0 + 0.5 * b * (k + 1), n=5, drafter_ran=True) for b in (1, 4) for k in range(3)]
+    result = ProfileResult(
+        model="m", drafter="/d", method="draft_model", parallel_drafting=True, max_k=2, concurrencies=(1, 4),
+        provenance=Provenance(kind="measured", backend="vllm", device="cpu", vllm_version="0.32.0"),
+        acceptance={"code": AcceptanceProfile(100, (80, 60))},
+        step_samples=samples, cost_model=StepCostModel.fit(samples), metrics_check={"match": True},
+        phases=[{"name": "c1", "concurrency": 1, "num_requests": 8, "output_tokens": 100, "wall_s": 1.0}],
+        timings={"total_s": 30.0, "load_s": 12.0}, profile_id=3,
+    )
+    result.fit_error = result.cost_model.fit_error() if result.cost_model else None
+    calls: list[dict[str, object]] = []
+
+    def fake_profile(model: str, drafters: list[str], workload: Workload, **kwargs: object) -> list[ProfileResult]:
+        calls.append({"drafters": drafters, **kwargs})
+        return [result]
+
+    monkeypatch.setattr("autotune.profiling.profile", fake_profile)
+    monkeypatch.setattr("autotune.workloads.load_workload", lambda _w: Workload("w", {"code": ()}))
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps titles and cells at the terminal width
+    out = CliRunner().invoke(
+        profile_command,
+        ["--model", "m", "--drafter", "/d", "--workload", "w.jsonl", "--concurrency", "1,4", "--max-k", "2",
+         "--no-store"],
+    )
+    assert out.exit_code == 0, out.output
+    assert calls[0]["concurrencies"] == [1, 4] and calls[0]["max_k"] == 2 and calls[0]["store"] is None
+    text = out.stdout
+    assert "Every figure below is measured on cpu (vLLM 0.32.0" in text
+    # survival 80/100 and 60/100; AL(1) = 1.8, AL(2) = 2.4.
+    assert "0.800 [" in text and "0.600 [" in text and "1.80" in text and "2.40" in text
+    # T(4, 2) = 2 + 0.5 * 4 * 3 = 8 ms over 5 steps; the fit is exact on these samples.
+    assert "8.00 (5)" in text and "median error 0.0%" in text
+    assert "Engine launches: 1 for 1 drafter(s)." in text

@@ -10,6 +10,7 @@ import click
 from autotune import __version__
 from autotune.cli.db import db
 from autotune.cli.export import export
+from autotune.cli.profile import profile
 from autotune.cli.report import report
 from autotune.cli.search import search
 from autotune.cli.show import show
@@ -28,7 +29,7 @@ def main() -> None:
     """
 
 
-for _command in (search, show, export, db, report):
+for _command in (search, show, export, db, report, profile):
     main.add_command(_command)
 
 __all__ = ["main"]

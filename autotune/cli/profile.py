@@ -37,6 +37,8 @@ from autotune.cli._common import canonical_model, console, db_option, err_consol
 @click.option("--load-format", default=None, help="vLLM load_format (\"dummy\" for config-only checkpoints).")
 @click.option("--enforce-eager", is_flag=True, help="Skip torch.compile/CUDA graphs (faster start for small models).")
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Seconds per launch.")
+@click.option("--baseline", is_flag=True, help="One more launch without speculation, shared by all drafters: "
+              "measures T(B, 0) without a drafter so the cost model can price no-speculation.")
 @click.option("--no-store", is_flag=True, help="Do not store the profiles.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON instead of tables.")
@@ -55,6 +57,7 @@ def profile(
     load_format: str | None,
     enforce_eager: bool,
     timeout_s: float,
+    baseline: bool,
     no_store: bool,
     db_url: str | None,
     as_json: bool,
@@ -102,15 +105,17 @@ def profile(
         load_format=load_format,
         engine_extra={"enforce_eager": True} if enforce_eager else None,
         timeout_s=timeout_s,
+        baseline=baseline,
         progress=progress,
     )
-    launches = sum(r.engine_launches for r in results)
+    launches = sum(r.engine_launches for r in results) + (1 if baseline else 0)
     if as_json:
         click.echo(json.dumps({"engine_launches": launches, "profiles": [r.to_dict() for r in results]}, indent=2))
     else:
         for r in results:
             _print_result(r)
-        console.print(f"Engine launches: {launches} for {len(results)} drafter(s).")
+        extra = " (+1 no-speculation baseline)" if baseline else ""
+        console.print(f"Engine launches: {launches} for {len(results)} drafter(s){extra}.")
     if not all(r.ok for r in results):
         raise click.ClickException(
             "; ".join(f"{r.drafter}: {r.failure_kind}: {r.failure_reason}" for r in results if not r.ok)
@@ -125,38 +130,46 @@ def _print_result(r: Any) -> None:
         if r.log_tail:
             console.print(r.log_tail, highlight=False, markup=False)
         return
-    acc = Table(title=f"Acceptance per position: survival P(first i drafts accepted) [95% interval], {where}")
-    acc.add_column("class")
-    acc.add_column("drafts", justify="right")
-    for i in range(1, r.max_k + 1):
-        acc.add_column(f"pos {i}", justify="right")
-    for cls, p in sorted(r.acceptance.items()):
+    console.print(f"Every figure below is {where}, except the step-cost model's fit (a least-squares prediction).")
+    classes = sorted(r.acceptance)
+    acc = Table(title="Acceptance per draft depth K (measured)")
+    acc.add_column("K", justify="right")
+    for cls in classes:
+        acc.add_column(f"{cls}: P(first K accepted) [95%]", justify="right")
+        acc.add_column(f"{cls}: AL(K)", justify="right")
+    lengths = r.acceptance_lengths()
+    acc.add_row("0", *[cell for cls in classes for cell in ("-", "1.00")])
+    for k in range(1, r.max_k + 1):
         cells = []
-        for i in range(p.max_k):
-            lo, hi = p.survival_interval(i)
-            cells.append(f"{p.survival()[i]:.3f} [{lo:.2f},{hi:.2f}]")
-        acc.add_row(cls, str(p.num_drafts), *cells)
+        for cls in classes:
+            p = r.acceptance[cls]
+            lo, hi = p.survival_interval(k - 1)
+            cells += [f"{p.survival()[k - 1]:.3f} [{lo:.3f}, {hi:.3f}]", f"{lengths[cls][k]:.2f}"]
+        acc.add_row(str(k), *cells)
     console.print(acc)
-    al = Table(title=f"Acceptance length AL(K), tokens per request per step (bonus included), {where}")
-    al.add_column("class")
-    for k in range(r.max_k + 1):
-        al.add_column(f"K={k}", justify="right")
-    for cls, values in sorted(r.acceptance_lengths().items()):
-        al.add_row(cls, *(f"{v:.2f}" for v in values))
-    console.print(al)
+    drafts = ", ".join(f"{cls} {r.acceptance[cls].num_drafts}" for cls in classes)
+    console.print(f"Drafts verified at K_max per class: {drafts}. AL(K) = 1 + sum of P(first i accepted), i <= K "
+                  "(tokens per request per step, bonus included).")
     table = r.step_table()
-    batch_sizes = sorted({b for b, _ in table})
-    cost = Table(title=f"Step time T(B, K), median ms (steps), decode-only steps, {where}")
+    steps_at: dict[int, int] = {}
+    for (b, _), sample in table.items():
+        steps_at[b] = steps_at.get(b, 0) + sample.n
+    # Batch sizes only seen while a phase drained (a few steps) are noise here; --json lists every sample.
+    shown = sorted(b for b, n in steps_at.items() if n >= r.max_k + 1)
+    cost = Table(title="Step time T(B, K): median ms (steps), decode-only steps (measured)")
     cost.add_column("B \\ K")
     for k in range(r.max_k + 1):
         cost.add_column(str(k), justify="right")
-    for b in batch_sizes:
+    for b in shown:
         row = []
         for k in range(r.max_k + 1):
-            s = table.get((b, k))
-            row.append("-" if s is None else f"{s.step_ms:.2f} ({s.n})")
+            sample = table.get((b, k))
+            row.append("-" if sample is None else f"{sample.step_ms:.2f} ({sample.n})")
         cost.add_row(str(b), *row)
     console.print(cost)
+    hidden = len(steps_at) - len(shown)
+    if hidden:
+        console.print(f"({hidden} batch size(s) with fewer than {r.max_k + 1} steps not shown; --json lists them.)")
     if r.fit_error is not None:
         fe = r.fit_error
         console.print(

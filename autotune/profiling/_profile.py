@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.backends._paths import safe_draft_model_path
 from autotune.backends._serve import kill_process_group, start_process_group
 from autotune.backends._vllm_worker import PHASE_MARK, spec_delta
 from autotune.backends.vllm import classify_failure, read_log_tail, vllm_available
@@ -144,36 +145,14 @@ class _Drafter:
     layers: int | None
 
 
-#: Substrings of a drafter path that make vLLM 0.32 replace method "draft_model" by another method
-#: (``SpeculativeConfig.__post_init__`` auto-detection), e.g. ``~/peagle-tune/drafter`` becomes an EAGLE head.
-_METHOD_HIJACKING_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
-
-
-def draft_model_path_problem(path: str) -> str | None:
-    """Why vLLM would not run `path` as method "draft_model" (None when it would).
-
-    Example: ``"/home/me/peagle-tune/models/drafter"`` contains "eagle-", so vLLM 0.32 switches to method "eagle".
-    """
-    lowered = path.lower()
-    found = [s for s in _METHOD_HIJACKING_SUBSTRINGS if s in lowered]
-    if not found:
-        return None
-    return (
-        f"vLLM treats a draft_model drafter whose path contains {found[0]!r} as another speculative method, but the "
-        f"path {path!r} does. Move or symlink the drafter to a path without "
-        f"{', '.join(repr(s) for s in _METHOD_HIJACKING_SUBSTRINGS)}."
-    )
-
-
 def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: bool | None) -> _Drafter:
     spec = drafter if isinstance(drafter, DrafterSpec) else get_drafter(drafter)
     name = spec.local_path or spec.name
     chosen = method or spec.method
     if chosen not in ("eagle3", "eagle", "draft_model"):
         raise ConfigError(f"method must be eagle3, eagle or draft_model for profiling, but got {chosen!r}.")
-    problem = draft_model_path_problem(name) if chosen == "draft_model" else None
-    if problem:
-        raise ConfigError(problem)
+    if chosen == "draft_model":
+        name = safe_draft_model_path(name)
     pd = spec.parallel_drafting if parallel is None else parallel
     if pd and not spec.parallel_drafting and spec.local_path:
         raise ConfigError(
