@@ -21,7 +21,15 @@ from rich.table import Table
 from autotune.backends.base import Backend
 from autotune.config import Scenario
 from autotune.exceptions import BackendUnavailableError, UsageError
-from autotune.search import Objective, ScenarioResult, Search, SearchEvent, make_strategy, measurement_metrics
+from autotune.search import (
+    ModelGuidedStrategy,
+    Objective,
+    ScenarioResult,
+    Search,
+    SearchEvent,
+    make_strategy,
+    measurement_metrics,
+)
 from autotune.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file
 from store import Store
 
@@ -41,7 +49,9 @@ class SearchOptions:
     objective: str = "throughput"
     slo_tpot_p99_ms: float | None = None
     slo_ttft_p99_ms: float | None = None
-    strategy: str = "blackbox"
+    strategy: str = "auto"
+    """auto: model-guided with the vllm backend (it profiles each drafter once, or reuses a stored profile),
+    blackbox with the model backend (its trials are predictions already); or model-guided, blackbox, random, grid."""
     sampler: str | None = None
     """tpe (default) or gp; blackbox only."""
     trials: int | None = None
@@ -102,6 +112,14 @@ def choose_backend(requested: str, model_path: str | None) -> tuple[str, str]:
     return "model", f"{why}, so figures are predicted"
 
 
+def resolve_strategy(requested: str, backend: str, sampler: str | None = None) -> str:
+    """``auto`` -> model-guided with the vllm backend (a profile exists or one launch per drafter makes it),
+    blackbox with the model backend or when --sampler is given; other names unchanged."""
+    if requested != "auto":
+        return requested
+    return "model-guided" if backend == "vllm" and sampler is None else "blackbox"
+
+
 def _default_seqs(concurrency: int) -> list[int]:
     return sorted({max(concurrency // 2, 1), concurrency, concurrency * 2})
 
@@ -159,7 +177,8 @@ def run_search(store: Store, options: SearchOptions, console: Console, as_json: 
     from autotune.workloads import load_workload
 
     objective = Objective(options.objective, options.slo_tpot_p99_ms, options.slo_ttft_p99_ms)
-    strategy = make_strategy(options.strategy, options.sampler)
+    if options.strategy != "auto":
+        make_strategy(options.strategy, options.sampler)  # fail on a bad name before anything is resolved
     if options.trials is not None and options.trials < 1:
         raise UsageError(f"--trials must be >= 1, but got {options.trials}.")
     spec_space = resolve_space_spec(options)
@@ -202,6 +221,9 @@ def run_search(store: Store, options: SearchOptions, console: Console, as_json: 
                 "Run with `--backend vllm` on a machine that can load the model."
             )
     drafters = [_choice(d) for d in specs]
+    strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler), options.sampler)
+    if isinstance(strategy, ModelGuidedStrategy):
+        strategy.profile_concurrencies = tuple(options.concurrencies)
     hypothetical = [d.name for d in drafters if d.hypothetical]
     if hypothetical and kind != "model":
         raise UsageError(
@@ -305,7 +327,7 @@ def results_table(run: SearchRun) -> Table:
     show_ttft = "ttft_ms_p99" in run.objective.slos
     cols = ["conc.", "best config", "tok/s", "TPOT ms p50/p99"]
     cols += ["TTFT p99 ms"] if show_ttft else []
-    cols += ["vs no spec", "vs pub. K", "trials"]
+    cols += ["vs no spec", "vs pub. K", "trials", "launches"]
     for col in cols:
         table.add_column(col, justify="left" if col == "best config" else "right")
     for r in run.results:
@@ -323,9 +345,19 @@ def results_table(run: SearchRun) -> Table:
             _fmt(r.speedup_over(r.baseline), ".2f", "x"),
             pub_label,
             f"{r.n_complete}/{r.n_failed}/{r.n_pruned}",
+            _launches(r, run.backend),
         ]
         table.add_row(*row)
     return table
+
+
+def _launches(r: ScenarioResult, backend: str) -> str:
+    """Engine launches of a scenario: profiling + trials (the model backend launches nothing)."""
+    if backend != "vllm":
+        return "0"
+    if r.profile_launches:
+        return f"{r.engine_launches} ({r.profile_launches} profiling)"
+    return str(r.engine_launches)
 
 
 def pareto_table(r: ScenarioResult) -> Table:
@@ -355,6 +387,15 @@ def print_results(run: SearchRun, console: Console, store: Store) -> None:
                       highlight=False)
         if r.hypothetical:
             console.print(f"  [yellow]c={r.scenario.concurrency}: {r.hypothetical}[/yellow]", highlight=False)
+        report = r.strategy_report
+        if report.get("profiles"):
+            error = report.get("prediction_error")
+            console.print(
+                f"  c={r.scenario.concurrency}: model-guided: predicted from {', '.join(report['profiles'].values())}; "
+                f"predicted best {report.get('predicted_best')}; {report.get('stop_reason')}"
+                + (f"; calibrated prediction error {error:.1%}" if error is not None else ""),
+                highlight=False,
+            )
     for r in run.results:
         if r.pareto:
             console.print(pareto_table(r))
@@ -367,7 +408,9 @@ def print_results(run: SearchRun, console: Console, store: Store) -> None:
         )
 
 
-def result_dict(r: ScenarioResult) -> dict[str, Any]:
+def result_dict(r: ScenarioResult, run_backend: str = "vllm") -> dict[str, Any]:
+    """A scenario's result as JSON; ``engine_launches`` counts profiling and trial launches (0 with the model
+    backend, which predicts)."""
     return {
         "concurrency": r.scenario.concurrency,
         "study": r.study_name,
@@ -396,6 +439,12 @@ def result_dict(r: ScenarioResult) -> dict[str, Any]:
             "running_elsewhere": r.n_running,
             "measurements_by_this_worker": r.n_measurements,
         },
+        "engine_launches": {
+            "profiling": r.profile_launches if run_backend == "vllm" else 0,
+            "trials": r.n_measurements if run_backend == "vllm" else 0,
+            "total": r.engine_launches if run_backend == "vllm" else 0,
+        },
+        "strategy_report": r.strategy_report,
     }
 
 
@@ -408,5 +457,6 @@ def run_dict(run: SearchRun) -> dict[str, Any]:
         "objective": run.objective.to_dict(),
         "strategy": run.strategy,
         "notes": run.notes,
-        "scenarios": [result_dict(r) for r in run.results],
+        "engine_launches": sum(r.engine_launches for r in run.results) if run.backend == "vllm" else 0,
+        "scenarios": [result_dict(r, run.backend) for r in run.results],
     }

@@ -4,8 +4,9 @@ Pieces, top to bottom:
 
 - `Objective`: what is optimised (throughput, latency, goodput under SLOs, or the throughput/TPOT Pareto front) and
   the SLO constraints (Optuna constraints: a trial is feasible when every value is <= 0);
-- `Strategy`: how the next config is chosen (`blackbox` TPE/GP with pruning, `random`, `grid`; `register_strategy`
-  is where `model-guided` plugs in);
+- `Strategy`: how the next config is chosen: `model-guided` (profile once per drafter, predict every config, verify
+  the best predictions, recalibrate, stop when the best is confirmed), `blackbox` TPE/GP with pruning, `random`,
+  `grid`; `register_strategy` adds more;
 - coordination: the study lives in the project's database (or `--storage`), so `--study NAME` resumes after a crash
   with no completed trial lost and several workers on several hosts can share it. Workers claim trials one at a time
   under a lock (a file lock for SQLite, an advisory lock for PostgreSQL), which keeps the study's total at the
@@ -46,7 +47,7 @@ from autotune.backends.base import Backend
 from autotune.config import Measurement, Scenario, SpecConfig
 from autotune.exceptions import PeagleError, UsageError
 from autotune.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
-from autotune.space import SearchSpace
+from autotune.space import DrafterChoice, SearchSpace
 from autotune.workloads import Workload
 from store import InvalidRecordError, Store, mask_password
 
@@ -56,7 +57,11 @@ __all__ = [
     "OBJECTIVES",
     "STRATEGIES",
     "BlackboxStrategy",
+    "DEFAULT_NOISE",
+    "DrafterProfile",
     "GridStrategy",
+    "ModelGuidedStrategy",
+    "ProfileProvider",
     "Objective",
     "ParetoPoint",
     "ProgressCallback",
@@ -68,10 +73,13 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "StudyStorageError",
+    "calibration_scales",
     "default_study_prefix",
     "make_strategy",
     "measurement_metrics",
     "register_strategy",
+    "store_or_profile",
+    "stored_profile",
     "study_name_for",
 ]
 
@@ -297,11 +305,11 @@ class Strategy(abc.ABC):
     """How a search chooses configs. Small on purpose, like Optuna's samplers: a sampler, an optional pruner, the
     configs to try first, and hooks after each trial.
 
-    A ``model-guided`` strategy plugs in here: `initial_configs` returns the top predicted configs for
-    ``ctx.scenario`` (and the baselines); `after_trial` recalibrates the predictor from each measurement and may
-    enqueue more configs (``ctx.study.enqueue_trial(ctx.search.space.params_of(config))``); `should_stop` ends the
-    search once the best is confirmed within the measurement noise; `ScenarioResult.n_measurements` reports the
-    launches. Register it with `register_strategy` (its factory receives ``sampler=`` when --sampler is given).
+    `ModelGuidedStrategy` uses every hook: `initial_configs` returns the top predicted configs for
+    ``ctx.scenario`` (and the baselines); `after_trial` recalibrates the predictor from each measurement and
+    enqueues the next candidate (``ctx.study.enqueue_trial(ctx.search.space.params_of(config))``); `should_stop`
+    ends the search once the best is confirmed within the measurement noise; `report` adds its profiling launches.
+    Register a strategy with `register_strategy` (its factory receives ``sampler=`` when --sampler is given).
     """
 
     name: ClassVar[str] = "base"
@@ -334,6 +342,12 @@ class Strategy(abc.ABC):
     def should_stop(self, ctx: StrategyContext) -> bool:
         """True ends this worker's search before the target is reached."""
         return False
+
+    def report(self, ctx: StrategyContext) -> dict[str, Any]:
+        """What the strategy adds to the scenario's result (`ScenarioResult.strategy_report`); called once per
+        scenario when the search picks its result. ``profile_launches`` there counts engine launches spent outside
+        the trials (e.g. profiling) and is added to `ScenarioResult.engine_launches`."""
+        return {}
 
 
 class BlackboxStrategy(Strategy):
@@ -398,11 +412,439 @@ class GridStrategy(Strategy):
         return ctx.search.space.grid()[: ctx.target]
 
 
-def _model_guided(**_options: Any) -> Strategy:
-    raise UsageError(
-        "--strategy model-guided (profile once per drafter, verify the top predicted configs) is not available in "
-        "this version. Use --strategy blackbox, random or grid."
+# ------------------------------------------------------------------------------------------------- model-guided
+
+#: Relative measurement noise of tokens/s assumed when confirming the best (3%: repeated launches of the same config
+#: on the 2-core CPU box of the benchmark differ by 1-3%; GPUs are steadier). Override with ``noise=``.
+DEFAULT_NOISE = 0.03
+#: Relative error assumed for a calibrated prediction until two speculative configs have been measured.
+DEFAULT_PREDICTION_ERROR = 0.10
+
+
+@dataclass
+class DrafterProfile:
+    """What model-guided predicts one drafter from: a measured profile (acceptance per class, fitted step cost)."""
+
+    drafter: str
+    acceptance: dict[str, Any]
+    """Workload class -> `policies.AcceptanceProfile` (measured)."""
+    cost_model: Any
+    """`policies.StepCostModel` fitted on the profile's measured step times."""
+    label: str
+    """Where it came from, e.g. ``stored profile #3`` or ``new profile #4``."""
+    profile_id: int | None = None
+    launches: int = 0
+    """Engine launches spent to get it in this search (0: a stored profile was reused)."""
+
+
+#: (context, drafter) -> its profile. The default, `store_or_profile`, reuses a stored profile or makes one.
+ProfileProvider = Callable[[StrategyContext, DrafterChoice], DrafterProfile]
+
+
+def _drafter_names(name: str) -> list[str]:
+    """The names a stored profile of drafter `name` may be filed under (as given, resolved path, vLLM-safe alias)."""
+    out = [name]
+    if Path(name).expanduser().is_dir():
+        from autotune.backends._paths import safe_draft_model_path
+
+        resolved = str(Path(name).expanduser().resolve())
+        out += [resolved, safe_draft_model_path(resolved)]
+    return list(dict.fromkeys(out))
+
+
+def stored_profile(search: Search, drafter: DrafterChoice) -> Any | None:
+    """The newest stored profile of `drafter` for the search's model, device and workload (same content hash) that
+    covers the space's K range, or None."""
+    for name in _drafter_names(drafter.name):
+        record = search.store.latest_profile(
+            search.model, drafter=name, device=search.device, workload_hash=search.workload.content_hash()
+        )
+        if record is not None and int(record.max_k) >= search.space.k_max:
+            return record
+    return None
+
+
+def store_or_profile(ctx: StrategyContext, drafter: DrafterChoice, concurrencies: Sequence[int] = ()) -> DrafterProfile:
+    """Reuse the stored profile of `drafter` (same model, drafter, device, workload hash; K_max >= the space's), else
+    profile it with ONE engine launch on the search's vllm backend (same engine options) and store it.
+
+    Raises UsageError when there is no stored profile and the backend cannot launch an engine, or profiling fails.
+    """
+    from autotune.profiling import predictor_from_profile, profile
+
+    search = ctx.search
+    record = stored_profile(search, drafter)
+    if record is not None:
+        acceptance, cost = predictor_from_profile(record)
+        return DrafterProfile(drafter.name, acceptance, cost, f"stored profile #{record.id}", record.id, 0)
+    backend: Any = search.backend
+    if search.backend.name != "vllm" or not hasattr(backend, "model"):
+        raise UsageError(
+            f"--strategy model-guided predicts from a profile, but none is stored for drafter {drafter.name} with "
+            f"model {search.model} on {search.device} and workload {search.workload.name} (hash "
+            f"{search.workload.content_hash()[:12]}, K_max >= {search.space.k_max}), and the {search.backend.name} "
+            "backend cannot make one. Run `peagle-tune profile` for it, use --backend vllm, or use --strategy blackbox."
+        )
+    parallel = search.space._pd_options(drafter)[0]
+    wanted = sorted({1, ctx.scenario.concurrency, *concurrencies})
+    [result] = profile(
+        backend.model, [drafter.name], search.workload, concurrencies=wanted, max_k=search.space.k_max,
+        store=search.store, model_name=search.model, method=drafter.method, parallel_drafting=parallel,
+        ignore_eos=bool(getattr(backend, "ignore_eos", False)), timeout_s=float(getattr(backend, "timeout_s", 1800.0)),
+        dtype=str(getattr(backend, "dtype", "auto")), max_model_len=getattr(backend, "max_model_len", None),
+        load_format=getattr(backend, "load_format", None), engine_extra=getattr(backend, "engine_extra", None),
+        env=getattr(backend, "env", None), cpu_kv_cache_gib=getattr(backend, "cpu_kv_cache_gib", 1),
     )
+    if not result.ok or result.cost_model is None:
+        raise UsageError(
+            f"Profiling drafter {drafter.name} failed ({result.failure_kind}: {result.failure_reason}), so "
+            "model-guided has nothing to predict from. Fix the cause (see the engine log) or use --strategy blackbox."
+        )
+    label = f"new profile #{result.profile_id}" if result.profile_id is not None else "new profile"
+    return DrafterProfile(drafter.name, dict(result.acceptance), result.cost_model, label, result.profile_id,
+                          result.engine_launches)
+
+
+def calibration_scales(
+    ratios: Mapping[SpecConfig, float], weight: float = 1.0, slope_weight: float = 4.0
+) -> tuple[Callable[[SpecConfig], float], float]:
+    """Multiplicative calibration of predictions from the measured/predicted ratios of the measured configs.
+
+    `ratios`: config -> log(measured / predicted) of its objective score (higher is better). Speculative configs get
+    ``log factor = g + d[drafter] + b * (K - mean measured K)``, fitted by least squares with ridge priors: each
+    drafter's offset d is pulled to 0 with `weight` pseudo-observations and the slope b (log units per unit of K) with
+    `slope_weight`, so one measurement moves every prediction by the same factor and a K trend is trusted once
+    several depths were measured. (A profile run at K_max with the verified depth trimmed cannot see how the
+    drafter's own cost grows with K; the slope absorbs that.) The no-speculation baseline is its own group: its
+    measured ratio, else g.
+
+    Returns ``(log_scale(config), error)``: the log factor for a config's prediction, and the leave-one-out RMS
+    relative error of calibrated predictions of measured speculative configs (NaN with fewer than two).
+
+    Worked example: two configs of one drafter at K=2 and K=4 measured at exactly 0.8x their predictions: g =
+    log 0.8, d = 0, b = 0, so every config of every drafter is predicted at 0.8x, and leaving either out predicts it
+    at 0.8x again: error 0.
+    """
+    import numpy as np
+
+    def fit(items: Sequence[tuple[SpecConfig, float]]) -> Callable[[SpecConfig], float]:
+        spec = [(c, r) for c, r in items if c.speculative]
+        base = [r for c, r in items if not c.speculative]
+        drafters = sorted({str(c.drafter) for c, _ in spec})
+        k_ref = sum(c.k for c, _ in spec) / len(spec) if spec else 0.0
+        g = 0.0
+        offsets: dict[str, float] = {}
+        slope = 0.0
+        if spec:
+            n = 2 + len(drafters)  # g, b, d_1..d_n
+            rows, ys = [], []
+            for c, r in spec:
+                row = [1.0, c.k - k_ref] + [1.0 if str(c.drafter) == d else 0.0 for d in drafters]
+                rows.append(row)
+                ys.append(r)
+            rows.append([0.0, math.sqrt(slope_weight)] + [0.0] * len(drafters))
+            ys.append(0.0)
+            for i in range(len(drafters)):
+                row = [0.0] * n
+                row[2 + i] = math.sqrt(weight)
+                rows.append(row)
+                ys.append(0.0)
+            theta = np.linalg.lstsq(np.asarray(rows), np.asarray(ys), rcond=None)[0]
+            g, slope = float(theta[0]), float(theta[1])
+            offsets = {d: float(theta[2 + i]) for i, d in enumerate(drafters)}
+        elif base:
+            g = sum(base) / len(base)
+        base_scale = sum(base) / len(base) if base else g
+
+        def log_scale(c: SpecConfig) -> float:
+            if not c.speculative:
+                return base_scale
+            return g + offsets.get(str(c.drafter), 0.0) + slope * (c.k - k_ref)
+
+        return log_scale
+
+    items = list(ratios.items())
+    errors = []
+    for i, (c, r) in enumerate(items):
+        if not c.speculative:
+            continue
+        rest = items[:i] + items[i + 1:]
+        if not any(o.speculative for o, _ in rest):
+            continue
+        errors.append(math.expm1(abs(r - fit(rest)(c))))
+    error = math.sqrt(sum(e * e for e in errors) / len(errors)) if len(errors) >= 2 else math.nan
+    return fit(items), error
+
+
+@dataclass
+class _Guide:
+    """Model-guided state of one scenario's study: predictions, measurements, calibration, the stop decision."""
+
+    predicted: dict[SpecConfig, float]
+    """Predicted score (higher is better: tokens/s, or 1/TPOT for latency) per config of the space."""
+    predicted_feasible: dict[SpecConfig, bool]
+    measured: dict[SpecConfig, float | None] = field(default_factory=dict)
+    """Measured score per finished config (None: failed or violates an SLO)."""
+    stop: bool = False
+    reason: str = ""
+    error: float = math.nan
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+    def calibrated(self) -> tuple[dict[SpecConfig, float], float]:
+        ratios = {
+            c: math.log(m / self.predicted[c])
+            for c, m in self.measured.items()
+            if m is not None and self.predicted.get(c, 0.0) > 0 and m > 0
+        }
+        log_scale, error = calibration_scales(ratios)
+        return {c: p * math.exp(log_scale(c)) for c, p in self.predicted.items() if p > 0}, error
+
+
+class ModelGuidedStrategy(Strategy):
+    """Profile once per drafter, predict every config, verify the best predictions with real trials, recalibrate from
+    each, stop once the best measured config is confirmed within the measurement noise.
+
+    1. Profiles: a stored profile of each drafter for the same model, device and workload is reused; otherwise the
+       drafter is profiled with one engine launch (`store_or_profile`; `profile_launches` counts them).
+    2. Predictions: every config of the space through `ModelBackend(acceptance=..., cost_model=...)` (predicted).
+    3. Trials (measured by the search's backend): the best predicted config, then the baselines at its max_num_seqs
+       (no speculation; each drafter at its publisher's K), then up to `initial_top` best predicted; after each
+       trial the predictions are recalibrated (`calibration_scales`: a multiplicative factor per drafter with a
+       trend in K, fitted on measured/predicted) and the best remaining candidate is enqueued.
+    4. Stop rule (after at least `min_trials` trials): every unmeasured candidate's calibrated prediction, raised by
+       the calibrated predictions' error (leave-one-out; `DEFAULT_PREDICTION_ERROR` until it can be estimated), is
+       at most the best measured score times ``1 + noise``: no remaining config is expected to beat the best by more
+       than the measurement noise.
+
+    The objective score is tokens/s (throughput, goodput, the throughput axis of pareto) or 1/TPOT p50 (latency);
+    configs predicted to violate an SLO are tried after every config predicted to meet them.
+    """
+
+    name = "model-guided"
+
+    def __init__(
+        self,
+        sampler: str = "tpe",
+        *,
+        initial_top: int = 1,
+        noise: float = DEFAULT_NOISE,
+        min_trials: int = 3,
+        profiles: ProfileProvider | None = None,
+        profile_concurrencies: Sequence[int] = (),
+    ) -> None:
+        if sampler not in ("tpe", "gp"):
+            raise UsageError(f"--sampler must be tpe or gp, but got {sampler!r}.")
+        if not 0 <= noise < 1:
+            raise UsageError(f"The measurement noise must be in [0, 1) (a fraction, e.g. 0.03), but got {noise}.")
+        if initial_top < 1 or min_trials < 1:
+            raise UsageError(f"initial_top and min_trials must be >= 1, but got {initial_top} and {min_trials}.")
+        self._fallback = BlackboxStrategy(sampler)
+        self.initial_top = initial_top
+        self.noise = noise
+        self.min_trials = min_trials
+        self.profile_concurrencies = tuple(profile_concurrencies)
+        self._provider = profiles
+        self.profiles: dict[str, DrafterProfile] = {}
+        self._guides: dict[str, _Guide] = {}
+        self._charged: set[str] = set()
+        self._charged_launches = 0
+
+    # ---- Strategy hooks ------------------------------------------------------------------------------------------
+
+    def sampler(self, objective: Objective, seed: int, *, deterministic: bool) -> optuna.samplers.BaseSampler:
+        # Only used once every predicted candidate is queued or measured and the stop rule has not fired.
+        return self._fallback.sampler(objective, seed, deterministic=deterministic)
+
+    def default_trials(self, space: SearchSpace) -> int:
+        return len(space.grid())  # the stop rule ends the search long before
+
+    def initial_configs(self, ctx: StrategyContext) -> list[SpecConfig]:
+        guide = self._guide(ctx)
+        if guide.measured:  # a resumed study: continue from its trials
+            remaining = self._decide(ctx, guide)
+            return [] if guide.stop or self._queued(ctx) else remaining[:1]
+        ranked = self._ranked(ctx, guide, guide.predicted)
+        if not ranked:
+            return []
+        first = ranked[0]
+        base = ctx.search.space.baselines([first.max_num_seqs])
+        out = [first, *base, *ranked[1:self.initial_top]]
+        return list(dict.fromkeys(out))
+
+    def after_trial(self, ctx: StrategyContext, config: SpecConfig, measurement: Measurement) -> None:
+        guide = self._guide(ctx)
+        guide.measured[config] = self._score(ctx, measurement)
+        self._sync(ctx, guide)
+        remaining = self._decide(ctx, guide, config)
+        if not guide.stop and remaining and not self._queued(ctx):
+            ctx.study.enqueue_trial(ctx.search.space.params_of(remaining[0]))
+
+    def _decide(self, ctx: StrategyContext, guide: _Guide, config: SpecConfig | None = None) -> list[SpecConfig]:
+        """Recalibrate, apply the stop rule (sets ``guide.stop``), and return the unmeasured, unqueued candidates
+        by calibrated prediction."""
+        calibrated, error = guide.calibrated()
+        guide.error = error
+        feasible = [s for s in guide.measured.values() if s is not None]
+        best = max(feasible) if feasible else None
+        remaining = self._ranked(ctx, guide, calibrated, exclude=set(guide.measured) | self._queued(ctx))
+        if config is not None:
+            guide.trace.append({
+                "trial": len(guide.measured), "config": config.label(), "measured": guide.measured.get(config),
+                "predicted": guide.predicted.get(config), "best": best,
+                "error": None if math.isnan(error) else error,
+            })
+        if best is not None and len(guide.measured) >= self.min_trials:
+            err = DEFAULT_PREDICTION_ERROR if math.isnan(error) else error
+            bound = best * (1.0 + self.noise)
+            if not any(calibrated.get(c, 0.0) * (1.0 + err) > bound for c in remaining):
+                guide.stop = True
+                guide.reason = (
+                    f"best confirmed: no unmeasured config is predicted above {1 + self.noise:.2f}x the best measured "
+                    f"(calibrated predictions, +{err:.0%} prediction error)"
+                )
+                return remaining
+        if not remaining and not self._queued(ctx) and feasible:
+            guide.stop = True
+            guide.reason = "every predicted config was measured"
+        return remaining
+
+    def should_stop(self, ctx: StrategyContext) -> bool:
+        return self._guide(ctx).stop
+
+    # ---- reporting -----------------------------------------------------------------------------------------------
+
+    def report(self, ctx: StrategyContext) -> dict[str, Any]:
+        """Profile launches charged to this scenario (a profile shared by several scenarios is charged to the first),
+        the profiles used, the stop reason and the calibration trace."""
+        guide = self._guide(ctx)
+        key = ctx.study.study_name
+        launches = 0
+        if key not in self._charged:
+            self._charged.add(key)
+            launches = sum(p.launches for p in self.profiles.values()) - self._charged_launches
+            self._charged_launches += launches
+        calibrated, error = guide.calibrated()
+        top = self._ranked(ctx, guide, guide.predicted)[:1]
+        return {
+            "profile_launches": launches,
+            "profiles": {d: p.label for d, p in self.profiles.items()},
+            "stop_reason": guide.reason or "trial budget reached",
+            "predicted_best": top[0].label() if top else None,
+            "prediction_error": None if math.isnan(error) else error,
+            "noise": self.noise,
+            "trace": guide.trace,
+        }
+
+    # ---- internals -----------------------------------------------------------------------------------------------
+
+    def _provide(self, ctx: StrategyContext, drafter: DrafterChoice) -> DrafterProfile:
+        if drafter.name not in self.profiles:
+            if self._provider is not None:
+                self.profiles[drafter.name] = self._provider(ctx, drafter)
+            else:
+                self.profiles[drafter.name] = store_or_profile(ctx, drafter, self.profile_concurrencies)
+        return self.profiles[drafter.name]
+
+    def _guide(self, ctx: StrategyContext) -> _Guide:
+        key = ctx.study.study_name
+        if key not in self._guides:
+            predicted, feasible = self._predict(ctx)
+            self._guides[key] = guide = _Guide(predicted, feasible)
+            self._sync(ctx, guide)
+        return self._guides[key]
+
+    def _predict(self, ctx: StrategyContext) -> tuple[dict[SpecConfig, float], dict[SpecConfig, bool]]:
+        from autotune.backends.model import ModelBackend
+        from autotune.catalogs import get_drafter, resolve_model
+
+        search = ctx.search
+        space = search.space
+        real = [d for d in space.drafters if not d.hypothetical]
+        profiles = {d.name: self._provide(ctx, d) for d in real}
+        try:
+            target = resolve_model(str(getattr(search.backend, "model", search.model)))
+        except PeagleError:
+            target = resolve_model(search.model)
+        backends: dict[str, ModelBackend] = {}
+        for d in real:
+            p = profiles[d.name]
+            try:
+                specs = [get_drafter(d.name, target=target.name)]
+            except PeagleError:
+                specs = []
+            backends[d.name] = ModelBackend(
+                target, drafters=specs, acceptance=p.acceptance, cost_model=p.cost_model,
+                acceptance_drafter=d.name, profile_label=p.label,
+            )
+        predicted: dict[SpecConfig, float] = {}
+        feasible: dict[SpecConfig, bool] = {}
+        for config in space.grid():
+            backend = backends.get(str(config.drafter)) if config.speculative else next(iter(backends.values()), None)
+            if backend is None:
+                continue
+            m = backend.measure(config, search.workload, ctx.scenario)
+            score = self._score(ctx, m, check_slos=False)
+            if score is not None:
+                predicted[config] = score
+                metrics = measurement_metrics(m)
+                feasible[config] = all(v <= 0 for v in search.objective.constraints(metrics).values())
+        if not predicted:
+            raise UsageError(
+                "--strategy model-guided could not predict any config of the space from the profiles "
+                f"({', '.join(p.label for p in profiles.values()) or 'none'}). Use --strategy blackbox."
+            )
+        return predicted, feasible
+
+    @staticmethod
+    def _score(ctx: StrategyContext, m: Measurement, check_slos: bool = True) -> float | None:
+        """Higher-is-better score of a measurement for the objective; None when it failed (or violates an SLO)."""
+        if not m.ok:
+            return None
+        objective = ctx.search.objective
+        metrics = measurement_metrics(m)
+        try:
+            value = objective.values(metrics)[0]
+        except _TrialFailed:
+            return None
+        if check_slos and any(v > 0 for v in objective.constraints(metrics).values()):
+            return None
+        if value <= 0:
+            return None
+        return value if objective.directions[0] == "maximize" else 1.0 / value
+
+    def _ranked(
+        self, ctx: StrategyContext, guide: _Guide, scores: Mapping[SpecConfig, float],
+        exclude: set[SpecConfig] | None = None,
+    ) -> list[SpecConfig]:
+        """Candidates by score, predicted-feasible first; ties to the smaller K."""
+        skip = exclude or set()
+        items = [c for c in scores if c not in skip]
+        return sorted(items, key=lambda c: (not guide.predicted_feasible.get(c, True), -scores[c], c.k))
+
+    def _sync(self, ctx: StrategyContext, guide: _Guide) -> None:
+        """Take in trials finished by other workers (or an earlier run of a resumed study)."""
+        for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if not _counted(t) or not t.state.is_finished():
+                continue
+            config = ctx.search._config_of(t)
+            if config is None or config in guide.measured:
+                continue
+            data = _info(t).get("measurement")
+            if t.state == TrialState.COMPLETE and data is not None:
+                try:
+                    guide.measured[config] = self._score(ctx, Measurement.from_dict(data))
+                    continue
+                except (TypeError, ValueError, KeyError, PeagleError):
+                    pass
+            guide.measured[config] = None
+
+    def _queued(self, ctx: StrategyContext) -> set[SpecConfig]:
+        out = set()
+        for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+            config = ctx.search._config_of(t)
+            if config is not None:
+                out.add(config)
+        return out
 
 
 StrategyFactory = Callable[..., Strategy]
@@ -412,7 +854,7 @@ STRATEGIES: dict[str, StrategyFactory] = {
     "blackbox": BlackboxStrategy,
     "random": lambda **_: RandomStrategy(),
     "grid": lambda **_: GridStrategy(),
-    "model-guided": _model_guided,
+    "model-guided": ModelGuidedStrategy,
 }
 
 
@@ -697,6 +1139,11 @@ class ScenarioResult:
     """Trials other workers were still measuring when this worker finished."""
     n_measurements: int = 0
     """backend.measure calls made by this worker for the study and comparisons (engine launches with vLLM)."""
+    profile_launches: int = 0
+    """Engine launches the strategy spent outside the trials for this scenario (model-guided: profiling; a profile
+    shared by several scenarios is counted for the first)."""
+    strategy_report: dict[str, Any] = field(default_factory=dict)
+    """What the strategy reported (model-guided: profiles used, stop reason, prediction error, calibration trace)."""
     feasible: bool = True
     rule: str = ""
     """How the best config was chosen, in words."""
@@ -712,6 +1159,12 @@ class ScenarioResult:
     @property
     def n_complete(self) -> int:
         return self.n_trials - self.n_failed - self.n_pruned
+
+    @property
+    def engine_launches(self) -> int:
+        """Engine launches this worker used for the scenario: its measurements plus the strategy's profiling (with
+        the vllm backend every measurement is one launch; with the model backend nothing is launched)."""
+        return self.n_measurements + self.profile_launches
 
     def speedup_over(self, other: Measurement | None) -> float | None:
         if other is None or not other.ok or not other.output_tokens_per_s or not self.best.output_tokens_per_s:
@@ -966,6 +1419,8 @@ class Search:
             return None
 
     def _loop(self, run: _Run, on_event: EventCallback | None) -> None:
+        if self.strategy.should_stop(run.ctx):  # e.g. a resumed model-guided study that had confirmed its best
+            return
         while True:
             claim = self._claim(run)
             if claim is None:
@@ -1257,6 +1712,9 @@ class Search:
             ),
             constraints=dict(chosen.constraints),
         )
+        report = self.strategy.report(run.ctx)
+        result.strategy_report = report
+        result.profile_launches = int(report.get("profile_launches", 0))
         if feasible and config.speculative:
             result.schedule = self.schedule(config)
             result.class_policy = self.class_policy(config, scenario)

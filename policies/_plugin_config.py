@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from policies._acceptance import AcceptanceProfile
-from policies._request_policy import CLASS_KEY
+from policies._request_policy import CLASS_KEY, SPECULATE_KEY
 from policies._step_cost import StepSample
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CLASS",
     "DEFAULT_PHASE",
+    "FAULT_WHERE",
     "MODES",
     "PHASE_KEY",
     "SCHEDULER_CLS",
@@ -54,11 +55,14 @@ __all__ = [
     "PluginStats",
     "build_controller",
     "engine_kwargs",
+    "normalize_extra_args",
+    "opted_out",
     "serve_args",
 ]
 
 Mode = Literal["static", "plan", "adaptive"]
 MODES: tuple[str, ...] = ("static", "plan", "adaptive")
+FAULT_WHERE: tuple[str, ...] = ("plugin", "controller")
 CONFIG_ENV = "PEAGLE_SCHEDULER_CONFIG"
 """Environment variable naming the plugin's JSON config file (the engine core inherits the parent's environment)."""
 SCHEDULER_CLS = "policies.scheduler.PeagleScheduler"
@@ -188,8 +192,12 @@ class PluginConfig:
     """For "adaptive": {"policy": RequestPolicy dict, "cost_model": StepCostModel dict,
     "acceptance": {class: AcceptanceProfile dict}} (see `build_controller`)."""
     fault_class: str | None = None
-    """Test hook: the plugin's own logic raises when it decides the depth of a request of this class (to test that
-    the engine keeps serving, un-trimmed, after a plugin error)."""
+    """Test hook: an exception is raised when the depth of a request of this class is decided (see
+    ``fault_where``), to test that the engine keeps serving."""
+    fault_where: str = "plugin"
+    """Where the ``fault_class`` hook raises: "plugin" (the plugin's own logic: the plugin turns itself off and
+    serves at ``static_depth``, un-trimmed when that is None) or "controller" (`DepthController.decide`, adaptive
+    mode: that step falls back to the controller's static depth, the next steps are adaptive again)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -235,6 +243,10 @@ class PluginConfig:
                     raise PluginConfigError(f"adaptive.{key} is missing or not an object.")
         if self.fault_class is not None and (not isinstance(self.fault_class, str) or not self.fault_class):
             raise PluginConfigError(f"fault_class must be a class name or null, but got {self.fault_class!r}.")
+        if self.fault_where not in FAULT_WHERE:
+            raise PluginConfigError(
+                f"fault_where must be one of {', '.join(FAULT_WHERE)}, but got {self.fault_where!r}."
+            )
 
     def depth_cap(self, cls: str) -> int | None:
         """The class's cap from ``class_depths`` (None: uncapped)."""
@@ -301,6 +313,39 @@ class PluginConfig:
         return cls() if not path else cls.load(path)
 
 
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+
+
+def normalize_extra_args(extra: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``extra_args`` with ``peagle_speculate`` as a bool when it arrived as a number or a word.
+
+    vLLM's OpenAI server validates ``vllm_xargs`` as str/int/float values, so a JSON ``false`` reaches the engine as
+    ``0``; clients may also send "false". 0/1 and true/false/yes/no/on/off (any case) become booleans; anything else
+    is left for `RequestPolicy.speculate` to reject. Returns ``extra`` itself when nothing changes.
+
+    Example: ``normalize_extra_args({"peagle_speculate": 0})`` -> ``{"peagle_speculate": False}``.
+    """
+    if not extra or SPECULATE_KEY not in extra:
+        return extra or {}
+    value = extra[SPECULATE_KEY]
+    if isinstance(value, bool):
+        return extra
+    flag: bool | None = None
+    if isinstance(value, int | float) and value in (0, 1):
+        flag = bool(value)
+    elif isinstance(value, str) and value.strip().lower() in _FALSE_WORDS | _TRUE_WORDS:
+        flag = value.strip().lower() in _TRUE_WORDS
+    if flag is None:
+        return extra
+    return {**extra, SPECULATE_KEY: flag}
+
+
+def opted_out(extra: Mapping[str, Any] | None) -> bool:
+    """True when ``extra_args`` opt the request out of speculation (``peagle_speculate`` false, 0 or "false")."""
+    return normalize_extra_args(extra).get(SPECULATE_KEY, True) is False
+
+
 def build_controller(config: PluginConfig, max_k: int) -> tuple[RequestPolicy, DepthController]:
     """The request policy and depth controller of an adaptive config, for a drafter with K = ``max_k``.
 
@@ -330,7 +375,25 @@ def build_controller(config: PluginConfig, max_k: int) -> tuple[RequestPolicy, D
     else:
         est = AcceptanceEstimator(max(policy.max_k, 1), decay=settings.decay)
     controller = DepthController(cost, est, policy.max_k, policy.static_k, settings=settings)
+    if config.fault_class is not None and config.fault_where == "controller":
+        _inject_controller_fault(controller, config.fault_class)
     return policy, controller
+
+
+class ControllerFault(RuntimeError):
+    """Raised on purpose by the ``fault_class`` test hook with ``fault_where="controller"``."""
+
+
+def _inject_controller_fault(controller: DepthController, fault_class: str) -> None:
+    """Make ``controller.decide`` raise whenever the batch holds a request of ``fault_class`` (test hook)."""
+    decide = controller.decide
+
+    def faulty_decide(batch: Any) -> Any:
+        if any(view.cls == fault_class for view in batch):
+            raise ControllerFault(f"fault_class={fault_class!r} test hook (controller)")
+        return decide(batch)
+
+    controller.decide = faulty_decide  # type: ignore[method-assign]
 
 
 # ----------------------------------------------------------------------------------------------------- the stats

@@ -29,10 +29,16 @@ Acceptance (per request and step, in ``update_from_output``): drafted = the draf
 (``scheduled_spec_decode_tokens``, placeholders -1 excluded); accepted = sampled tokens minus the one bonus token,
 exactly as vLLM counts for ``vllm:spec_decode_*``.
 
-Safety: any exception in the plugin's own logic is logged once (with traceback), recorded in the stats
-(``fallback: true``) and turns the plugin off: from then on the scheduler behaves exactly as vLLM's (static depth K,
+Safety: an exception in the depth controller (adaptive mode) makes that step fall back to the static depth
+(`DepthController.decide_or_fallback`; logged once, counted as ``controller_fallbacks`` in the stats info); the next
+step is adaptive again. Any other exception in the plugin's own logic is logged once (with traceback), recorded in
+the stats (``fallback: true``) and turns the plugin off: from then on every request verifies ``static_depth`` drafts
+(plain trimming, nothing else), or, with no static depth below K, the scheduler behaves exactly as vLLM's (depth K,
 no trimming). The engine never goes down because of the plugin. vLLM's own calls are never wrapped, so vLLM errors
 propagate as usual.
+
+Opt-out: a request with ``extra_args["peagle_speculate"]`` false (or 0 / "false": vLLM's OpenAI server turns a JSON
+false in ``vllm_xargs`` into 0) verifies no draft in every mode.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ from policies._plugin_config import (
     PluginConfig,
     PluginStats,
     build_controller,
+    normalize_extra_args,
+    opted_out,
 )
 
 __all__ = ["PeagleScheduler"]
@@ -91,6 +99,8 @@ class PeagleScheduler(Scheduler):
         self._batch: Any = None
         self._views: dict[str, tuple[Any, Any]] = {}
         self._fallback_logged = False
+        self._fallback_depth: int | None = None  # trimming depth after the plugin turned itself off
+        self._controller_fallbacks = 0
         self._metrics: Any = None
         spec = self.vllm_config.speculative_config
         self._k = int(self.num_spec_tokens or 0)
@@ -173,10 +183,13 @@ class PeagleScheduler(Scheduler):
                        where, type(exc).__name__, exc)
 
     def _fail(self, where: str, exc: BaseException) -> None:
-        """Log once, record, and turn the plugin off (vLLM's own behaviour from now on)."""
+        """Log once, record, and turn the plugin off: from now on every request verifies ``static_depth`` drafts
+        (vLLM's own behaviour, un-trimmed, when that is None or >= K)."""
         was_active = self._active
         self._active = False
         self._next_depth = {}
+        static = self._config.static_depth
+        self._fallback_depth = static if static is not None and static < self._k else None
         message = f"{where}: {type(exc).__name__}: {exc}"
         if self._stats is None:
             self._stats = PluginStats()
@@ -184,9 +197,11 @@ class PeagleScheduler(Scheduler):
         self._metrics_call("set_fallback", True)
         if was_active or where == "setup":
             logger.error(
-                "PeagleScheduler disabled after an error in %s; serving continues at the static depth K=%d "
-                "(no trimming). %s\n%s",
-                where, self._k, message, traceback.format_exc(),
+                "PeagleScheduler disabled after an error in %s; serving continues at the static depth K=%d%s. "
+                "%s\n%s",
+                where, self._k if self._fallback_depth is None else self._fallback_depth,
+                " (no trimming)" if self._fallback_depth is None else " (drafts trimmed, no adaptation)",
+                message, traceback.format_exc(),
             )
         self._flush(force=True)
 
@@ -230,7 +245,11 @@ class PeagleScheduler(Scheduler):
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         super().update_draft_token_ids(draft_token_ids)
-        if not self._active or not self._next_depth:
+        if not self._active:
+            if self._fallback_depth is not None:
+                self._trim_to_fallback(draft_token_ids)
+            return
+        if not self._next_depth:
             return
         t1 = time.perf_counter()
         try:
@@ -245,6 +264,21 @@ class PeagleScheduler(Scheduler):
         except Exception as exc:
             self._fail("update_draft_token_ids", exc)
         self._add_overhead(t1)
+
+    def _trim_to_fallback(self, draft_token_ids: DraftTokenIds) -> None:
+        """After the plugin turned itself off: every request verifies at most ``static_depth`` drafts. If even this
+        fails, trimming stops for good (vLLM's own depth K)."""
+        depth = self._fallback_depth
+        assert depth is not None
+        try:
+            for req_id in draft_token_ids.req_ids:
+                request = self.requests.get(req_id)
+                if request is not None and len(request.spec_token_ids) > depth:
+                    request.spec_token_ids = request.spec_token_ids[:depth]
+        except Exception as exc:
+            self._fallback_depth = None
+            logger.error("PeagleScheduler: static-depth trimming failed too (%s: %s); serving at K=%d untrimmed.",
+                         type(exc).__name__, exc, self._k)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -291,7 +325,11 @@ class PeagleScheduler(Scheduler):
             return
         self._decisions += 1
         config = self._config
-        if config.fault_class is not None and any(self._label(r)[0] == config.fault_class for r in ids):
+        if (
+            config.fault_class is not None
+            and config.fault_where == "plugin"
+            and any(self._label(r)[0] == config.fault_class for r in ids)
+        ):
             raise PluginFault(f"fault_class={config.fault_class!r} test hook")
         k = self._k
         depths: dict[str, int] = {}
@@ -307,7 +345,8 @@ class PeagleScheduler(Scheduler):
             else:
                 base = k if config.static_depth is None else config.static_depth
             for r in ids:
-                depths[r] = base
+                extra = getattr(requests[r].sampling_params, "extra_args", None)
+                depths[r] = 0 if extra and opted_out(extra) else base
         caps = config.class_depths
         for r in ids:
             d = depths[r]
@@ -332,7 +371,8 @@ class PeagleScheduler(Scheduler):
             if cached is not None and cached[0] is request:
                 view = cached[1]
             else:
-                extra = getattr(request.sampling_params, "extra_args", None) or {}
+                # vLLM's OpenAI server delivers a JSON false in vllm_xargs as 0: normalise before the policy reads it.
+                extra = normalize_extra_args(getattr(request.sampling_params, "extra_args", None))
                 try:
                     view = policy.view(r, extra)
                 except ValueError as exc:  # a bad label on one request: default class, not a plugin failure
@@ -345,10 +385,15 @@ class PeagleScheduler(Scheduler):
         batch.sync(views)
         decision = controller.decide_or_fallback(batch)
         self._metrics_call("observe_decision", decision, controller)
-        if decision.fallback and not self._fallback_logged:
-            self._fallback_logged = True
-            logger.warning("PeagleScheduler: controller fell back to static K=%d: %s", decision.default_depth,
-                           decision.reason)
+        if decision.fallback:
+            self._controller_fallbacks += 1
+            if self._stats is not None:
+                self._stats.info["controller_fallbacks"] = self._controller_fallbacks
+                self._stats.info.setdefault("controller_fallback_reason", decision.reason)
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                logger.warning("PeagleScheduler: controller fell back to static K=%d (logged once; counted in the "
+                               "stats as controller_fallbacks): %s", decision.default_depth, decision.reason)
         return {v.request_id: decision.depth_for(v) for v in views}
 
     def _observe(

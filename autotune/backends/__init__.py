@@ -1,7 +1,12 @@
-"""Backends measure (vllm) or predict (model) a config on a workload."""
+"""Backends measure (vllm) or predict (model) a config on a workload.
+
+Importing them is cheap: vLLM and torch are imported only inside the engine subprocess.
+"""
 
 from __future__ import annotations
 
 from autotune.backends.base import Backend
+from autotune.backends.model import ModelBackend
+from autotune.backends.vllm import VLLMBackend, vllm_available
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "ModelBackend", "VLLMBackend", "vllm_available"]

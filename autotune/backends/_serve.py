@@ -43,6 +43,7 @@ WARMUP_MAX_TOKENS = 16
 _HEALTH_POLL_S = 0.5
 _SHUTDOWN_GRACE_S = 15.0
 _GROUP_EXIT_WAIT_S = 10.0
+_ORPHAN_GRACE_S = 5.0
 #: Poisson arrivals use a fixed seed so two runs of one scenario offer the same load.
 _ARRIVAL_SEED = 0
 
@@ -79,19 +80,30 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 0.0) -> N
             os.killpg(pgid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
-    # Also after a clean exit: orphaned engine-core/worker processes would keep their memory.
+    if proc.poll() is not None:
+        # The leader exited on its own: let the rest of the group finish too. Python's resource_tracker unlinks
+        # the engine's /dev/shm segments only after the leader is gone; SIGKILL now would leak them.
+        _wait_group_gone(pgid, _ORPHAN_GRACE_S)
+    # Orphaned engine-core/worker processes would keep their memory.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
     # SIGKILL is asynchronous: wait until the group's other members (not our children) are really gone, so the
     # next engine does not start while this one still holds memory.
-    deadline = time.monotonic() + _GROUP_EXIT_WAIT_S
-    while time.monotonic() < deadline:
+    _wait_group_gone(pgid, _GROUP_EXIT_WAIT_S)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for process group `pgid` to have no live member; True when it has none."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
-            return
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
 
 

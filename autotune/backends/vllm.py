@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from autotune.backends._paths import safe_draft_model_path
 from autotune.backends._serve import kill_process_group, run_serve, start_process_group
 from autotune.backends.base import Backend
 from autotune.config import FailureKind, Measurement, Provenance, Scenario, SpecConfig, SpecCounters
@@ -449,6 +450,9 @@ class VLLMBackend(Backend):
     def _speculative_config(self, config: SpecConfig) -> dict[str, Any] | None:
         spec = config.speculative_config()
         if spec is not None:
+            if spec["method"] == "draft_model":
+                # vLLM would run e.g. ~/peagle-tune/drafter as an EAGLE head; hand it a neutral alias.
+                spec["model"] = safe_draft_model_path(str(spec["model"]))
             spec.update(self.speculative_extra)
         return spec
 

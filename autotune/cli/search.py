@@ -35,9 +35,11 @@ from autotune.cli._common import (
 @click.option("--slo-ttft-p99", type=float, default=None, metavar="MS", help="SLO: TTFT p99 at most MS ms.")
 @click.option(
     "--strategy",
-    default="blackbox",
+    default="auto",
     show_default=True,
-    help="blackbox (TPE/GP with pruning), random, or grid (every config in order).",
+    help="model-guided (profile once per drafter or reuse a stored profile, verify the best predicted configs, "
+    "stop when the best is confirmed), blackbox (TPE/GP with pruning), random, or grid (every config in order). "
+    "auto: model-guided with the vllm backend, blackbox with the model backend.",
 )
 @click.option("--sampler", type=click.Choice(["tpe", "gp"]), default=None, help="Blackbox sampler (default: tpe).")
 @click.option(
@@ -123,6 +125,7 @@ def search(
         peagle-tune search --model gpt-oss-120b --objective goodput --slo-tpot-p99 12 --json
         peagle-tune search --model gpt-oss-120b --objective pareto --strategy grid --concurrency 64
         peagle-tune search --model gpt-oss-120b --study fleet --storage postgresql://user@host/peagle
+        peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
     """
     from autotune.runner import SearchOptions, run_search
     from autotune.space import space_from_options
