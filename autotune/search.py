@@ -607,12 +607,14 @@ class ModelGuidedStrategy(Strategy):
     1. Profiles: a stored profile of each drafter for the same model, device and workload is reused; otherwise the
        drafter is profiled with one engine launch (`store_or_profile`; `profile_launches` counts them).
     2. Predictions: every config of the space through `ModelBackend(acceptance=..., cost_model=...)` (predicted).
-    3. Trials (measured by the search's backend): the best predicted config, then the baselines at its max_num_seqs
-       (no speculation; each drafter at its publisher's K), then up to `initial_top` best predicted; after each
+    3. Trials (measured by the search's backend): the best predicted config (of those predicted within the noise of
+       the top, the smallest K), then the baselines at its max_num_seqs (no speculation; each drafter at its
+       publisher's K), then up to `initial_top` best predicted; after each
        trial the predictions are recalibrated (`calibration_scales`: a multiplicative factor per drafter with a
        trend in K, fitted on measured/predicted) and the best remaining candidate is enqueued.
     4. Stop rule (after at least `min_trials` trials): every unmeasured candidate's calibrated prediction, raised by
-       the calibrated predictions' error (leave-one-out; `DEFAULT_PREDICTION_ERROR` until it can be estimated), is
+       the calibrated predictions' error (leave-one-out; `DEFAULT_PREDICTION_ERROR` until it can be estimated, and
+       at least that for a drafter with no measured config), is
        at most the best measured score times ``1 + noise``: no remaining config is expected to beat the best by more
        than the measurement noise.
 
@@ -662,13 +664,16 @@ class ModelGuidedStrategy(Strategy):
         guide = self._guide(ctx)
         if guide.measured:  # a resumed study: continue from its trials
             remaining = self._decide(ctx, guide)
-            return [] if guide.stop or self._queued(ctx) else remaining[:1]
+            if guide.stop or self._queued(ctx) or not remaining:
+                return []
+            return [self._pick(guide, remaining, guide.calibrated()[0])]
         ranked = self._ranked(ctx, guide, guide.predicted)
         if not ranked:
             return []
-        first = ranked[0]
+        first = self._pick(guide, ranked, guide.predicted)
+        ranked.remove(first)
         base = ctx.search.space.baselines([first.max_num_seqs])
-        out = [first, *base, *ranked[1:self.initial_top]]
+        out = [first, *base, *ranked[:self.initial_top - 1]]
         return list(dict.fromkeys(out))
 
     def after_trial(self, ctx: StrategyContext, config: SpecConfig, measurement: Measurement) -> None:
@@ -677,7 +682,8 @@ class ModelGuidedStrategy(Strategy):
         self._sync(ctx, guide)
         remaining = self._decide(ctx, guide, config)
         if not guide.stop and remaining and not self._queued(ctx):
-            ctx.study.enqueue_trial(ctx.search.space.params_of(remaining[0]))
+            calibrated, _ = guide.calibrated()
+            ctx.study.enqueue_trial(ctx.search.space.params_of(self._pick(guide, remaining, calibrated)))
 
     def _decide(self, ctx: StrategyContext, guide: _Guide, config: SpecConfig | None = None) -> list[SpecConfig]:
         """Recalibrate, apply the stop rule (sets ``guide.stop``), and return the unmeasured, unqueued candidates
@@ -696,7 +702,14 @@ class ModelGuidedStrategy(Strategy):
         if best is not None and len(guide.measured) >= self.min_trials:
             err = DEFAULT_PREDICTION_ERROR if math.isnan(error) else error
             bound = best * (1.0 + self.noise)
-            if not any(calibrated.get(c, 0.0) * (1.0 + err) > bound for c in remaining):
+            # A drafter none of whose configs was measured is calibrated from the others only: at least the default
+            # prediction error applies to it.
+            tried = {str(c.drafter) for c in guide.measured if c.speculative}
+
+            def margin(c: SpecConfig) -> float:
+                return err if not c.speculative or str(c.drafter) in tried else max(err, DEFAULT_PREDICTION_ERROR)
+
+            if not any(calibrated.get(c, 0.0) * (1.0 + margin(c)) > bound for c in remaining):
                 guide.stop = True
                 guide.reason = (
                     f"best confirmed: no unmeasured config is predicted above {1 + self.noise:.2f}x the best measured "
@@ -820,6 +833,16 @@ class ModelGuidedStrategy(Strategy):
         skip = exclude or set()
         items = [c for c in scores if c not in skip]
         return sorted(items, key=lambda c: (not guide.predicted_feasible.get(c, True), -scores[c], c.k))
+
+    def _pick(self, guide: _Guide, ranked: Sequence[SpecConfig], scores: Mapping[SpecConfig, float]) -> SpecConfig:
+        """The next config to verify: of the candidates predicted within the noise of the top one (same predicted
+        feasibility), the smallest K. Predictions flatten out at large K, where what a profile cannot see (the
+        drafter's own cost growing with K) matters most, so a near-tie is settled toward less verification work."""
+        top = ranked[0]
+        bar = scores[top] * (1.0 - self.noise)
+        near = [c for c in ranked if guide.predicted_feasible.get(c, True) == guide.predicted_feasible.get(top, True)
+                and scores[c] >= bar]
+        return min(near, key=lambda c: (c.k, -scores[c]))
 
     def _sync(self, ctx: StrategyContext, guide: _Guide) -> None:
         """Take in trials finished by other workers (or an earlier run of a resumed study)."""

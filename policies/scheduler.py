@@ -300,6 +300,8 @@ class PeagleScheduler(Scheduler):
                 idle = self.get_num_unfinished_requests() == 0
                 if idle or time.monotonic() - self._last_flush > self._config.flush_every_s:
                     self._flush()
+                if idle:  # the last pushes were throttled: publish the final figures of the burst now
+                    self._metrics_call("push")
             except Exception as exc:
                 self._fail("update_from_output", exc)
             self._add_overhead(t_end)

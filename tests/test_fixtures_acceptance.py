@@ -3,7 +3,7 @@
 The thresholds are the fixture contract the integration tests and benchmarks rely on (not measurements): with
 ``draft_model`` + ``parallel_drafting``, K=4, greedy, position-1 acceptance is >= 0.6 on the ``predictable`` class
 and <= 0.4 on the ``entropic`` class, and the 2-layer drafter accepts more than the 1-layer one. The measured values
-at build time are in tests/fixtures/README.md (about 0.8 vs 0.2).
+at build time are in tests/fixtures/README.md (0.96-0.98 vs 0.25).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_parallel_drafting_acceptance_depends_on_workload_and_drafter_depth(tmp_
         assert rows["entropic"]["acceptance_per_pos"][0] <= 0.4, (name, rows["entropic"])
         # acceptance is a survival curve: a draft at position i+1 is only accepted after the one at i
         acc = rows["predictable"]["acceptance_per_pos"]
-        assert all(a >= b for a, b in zip(acc, acc[1:])), (name, acc)
+        assert all(a >= b for a, b in zip(acc, acc[1:], strict=False)), (name, acc)
     assert two["predictable"]["acceptance_length"] > one["predictable"]["acceptance_length"], (one, two)
 
 

@@ -8,9 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+from test_serve_launch import ENV, MODEL, add_profile, add_recommendation
+
 from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
 from store import Store
-from test_serve_launch import ENV, MODEL, add_profile, add_recommendation
 
 # Stands in for `vllm serve`: like the plugin, it writes statistics to the configured stats_path (one step of
 # class "predictable" now, a second one when it is told to stop), and exits 0 on SIGTERM.

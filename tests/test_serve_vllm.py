@@ -182,9 +182,16 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     assert re.search(r'^peagle:depth\{class="predictable",engine="0"\} \d', metrics, re.M), metrics[-2000:]
     assert re.search(r'^peagle:estimated_acceptance_length\{class="entropic"', metrics, re.M)
     assert re.search(r"^peagle:predicted_goodput_tokens_per_second\{", metrics, re.M)
-    ent_pos1 = re.search(r'^peagle:accepted_tokens_per_pos_total\{class="entropic",engine="0",position="1"\}', metrics,
-                         re.M)
-    assert ent_pos1 is None  # a class capped at 1 has no accepted token beyond the first position
+    def counter(name: str, cls: str) -> float:
+        found = re.search(rf'^{name}\{{class="{cls}",engine="0"\}} (\S+)', metrics, re.M)
+        return float(found[1]) if found else 0.0
+
+    # A class capped at 1 verifies exactly one draft token per draft, so nothing is accepted beyond position 0.
+    assert counter("peagle:drafts_total", "entropic") > 0
+    assert counter("peagle:draft_tokens_total", "entropic") == counter("peagle:drafts_total", "entropic")
+    assert not re.search(r'^peagle:accepted_tokens_per_pos_total\{class="entropic",engine="0",position="[1-9]"',
+                         metrics, re.M)
+    assert counter("peagle:draft_tokens_total", "predictable") > counter("peagle:drafts_total", "predictable")
     assert re.search(r"^vllm:spec_decode_num_drafts_total\{", metrics, re.M)  # vLLM's own metrics still there
 
     # -- the controller fault fell back for those steps without failing requests, then adaptation resumed -----------

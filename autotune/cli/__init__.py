@@ -13,6 +13,7 @@ from autotune.cli.export import export
 from autotune.cli.profile import profile
 from autotune.cli.report import report
 from autotune.cli.search import search
+from autotune.cli.serve import serve
 from autotune.cli.show import show
 
 
@@ -29,7 +30,7 @@ def main() -> None:
     """
 
 
-for _command in (search, show, export, db, report, profile):
+for _command in (search, show, export, db, report, profile, serve):
     main.add_command(_command)
 
 __all__ = ["main"]

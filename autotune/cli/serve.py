@@ -89,7 +89,7 @@ def serve(
     )
 
     def log(line: str) -> None:
-        err_console.print(line, highlight=False, markup=False)
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     rec = tuned.recommendation
     log(f"peagle-tune serve: recommendation #{rec.get('id')} ({rec.get('objective')}, {rec.get('gpu')}): "
@@ -116,8 +116,13 @@ def serve(
         log(f"peagle-tune serve: {live.decode_steps} decode steps, {drafts} drafts, mean AL {al:.2f} (measured); "
             f"live profiles stored: {recorder.profile_ids or 'none'}.")
         report: DriftReport | None = recorder.last_drift
-        if report is not None and not report.drifted and report.rows:
-            log("  live acceptance is within "
-                f"{report.threshold:.0%} of the tuned profile at K={report.k} (or too few drafts to tell).")
+        if report is not None and not report.drifted:
+            checked = [r for r in report.rows if r["enough"]]
+            if checked:
+                log(f"  live acceptance at K={report.k} is within {report.threshold:.0%} of the tuned profile for "
+                    f"{', '.join(r['class'] for r in checked)}.")
+            else:
+                log(f"  too few drafts judged at position {report.k} to check drift (each class needs "
+                    f"{recorder.min_drafts}).")
     if code not in (0, -2, -15, 130, 143):
         raise click.ClickException(f"vllm serve exited with code {code}; see its log above.")

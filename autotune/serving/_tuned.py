@@ -88,8 +88,8 @@ def resolve_tuned_config(
     """Look up the tuned config for ``model`` on ``device`` (default: this machine's) in ``store``.
 
     ``drafter``: serve this drafter (e.g. a local copy of the recommended one) instead of the recommendation's.
-    ``max_k``: the drafter's depth, i.e. the deepest depth the controller may verify (default: the policy's max_k,
-    which is at least the recommended K).
+    ``max_k``: the drafter's depth, i.e. the deepest depth the controller may verify (default: the policy file's
+    max_k, else the deepest of the recommended K and its class caps).
     Raises `UsageError` (naming the fix) when there is no recommendation, the policy file is broken (a
     `policies.PolicyFileError` naming the key), or the recommended drafter cannot be served.
     """
@@ -120,7 +120,12 @@ def resolve_tuned_config(
     else:
         policy = _policy_of(rec.to_dict())
     if config.speculative:
-        depth = max(policy.max_k, config.k) if max_k is None else max_k
+        if max_k is not None:
+            depth = max_k
+        elif policy_path is not None:
+            depth = policy.max_k  # the policy file names the drafter's depth
+        else:
+            depth = max(policy.max_k, config.k)
         if depth < policy.static_k:
             raise UsageError(
                 f"--max-k {depth} is below the static K {policy.static_k} the server falls back to; pass "
@@ -129,7 +134,9 @@ def resolve_tuned_config(
         try:
             config = config.with_(num_speculative_tokens=depth)
         except ConfigError as exc:
-            raise UsageError(f"--max-k: {exc}") from None
+            raise UsageError(
+                f"Drafter depth {depth} (from {'--max-k' if max_k is not None else 'the policy max_k'}): {exc}"
+            ) from None
         if depth != policy.max_k:
             policy = dataclasses.replace(policy, max_k=depth, classes=_clip_classes(policy.classes, depth))
     else:
