@@ -12,12 +12,13 @@ import importlib.util
 import json
 import subprocess
 import sys
+import os
 from pathlib import Path
 
 import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-MODELS = FIXTURES / "models"
+MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", FIXTURES / "models"))
 CHECK = FIXTURES / "check_fixtures.py"
 
 pytestmark = [

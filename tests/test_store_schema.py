@@ -366,12 +366,12 @@ def test_file_that_is_not_sqlite(tmp_path: Path) -> None:
 
 def test_unreachable_server_masks_the_password() -> None:
     # Port 1 on localhost refuses connections at once.
-    url = "postgresql+psycopg2://tuner:s3cret-pw@127.0.0.1:1/peagle"
+    url = "postgresql://tuner:s3cret-pw@127.0.0.1:1/peagle"  # psycopg 3, the [postgres] extra
     with pytest.raises(DatabaseUnavailableError) as info:
         Store(url)
     message = str(info.value)
     assert "s3cret-pw" not in message
-    assert "postgresql+psycopg2://tuner:***@127.0.0.1:1/peagle" in message
+    assert "postgresql://tuner:***@127.0.0.1:1/peagle" in message
     assert "server is running" in message
 
 

@@ -143,6 +143,8 @@ class _Drafter:
     method: str
     parallel_drafting: bool
     layers: int | None
+    engine_path: str = ""
+    """What vLLM is given (a neutral alias of `name` where vLLM would misread the path)."""
 
 
 def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: bool | None) -> _Drafter:
@@ -151,15 +153,14 @@ def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: b
     chosen = method or spec.method
     if chosen not in ("eagle3", "eagle", "draft_model"):
         raise ConfigError(f"method must be eagle3, eagle or draft_model for profiling, but got {chosen!r}.")
-    if chosen == "draft_model":
-        name = safe_draft_model_path(name)
+    engine_path = safe_draft_model_path(name) if chosen == "draft_model" else name
     pd = spec.parallel_drafting if parallel is None else parallel
     if pd and not spec.parallel_drafting and spec.local_path:
         raise ConfigError(
             f"parallel drafting needs a mask token (pard_token, mask_token_id or ptd_token_id) in the drafter's "
             f"config.json, but {name} has none. Add one or pass parallel_drafting=False."
         )
-    return _Drafter(name, chosen, bool(pd), spec.num_layers)
+    return _Drafter(name, chosen, bool(pd), spec.num_layers, engine_path)
 
 
 def _phase_requests(
@@ -328,7 +329,7 @@ def _engine_kwargs(
     """``LLM(...)`` arguments for one launch; ``drafter=None``: no speculation."""
     spec: dict[str, Any] | None = None
     if drafter is not None:
-        spec = {"method": drafter.method, "model": drafter.name, "num_speculative_tokens": max_k}
+        spec = {"method": drafter.method, "model": drafter.engine_path or drafter.name, "num_speculative_tokens": max_k}
         if drafter.parallel_drafting:
             spec["parallel_drafting"] = True
     kw: dict[str, Any] = {

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.backends._paths import safe_draft_model_path
 from autotune.exceptions import UsageError
 from autotune.serving._tuned import TunedConfig, plugin_config
 from policies._plugin_config import CONFIG_ENV, PluginConfig, serve_args
@@ -146,6 +147,9 @@ def build_launch(
     argv += ["--port", str(port)]
     speculative = spec.speculative_config()
     if speculative is not None:
+        if speculative["method"] == "draft_model":
+            # vLLM would run e.g. ~/peagle-tune/drafter as an EAGLE head; hand it a neutral alias.
+            speculative["model"] = safe_draft_model_path(str(speculative["model"]))
         argv += ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]
     argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens is not None:
