@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
-import os
 from pathlib import Path
 
 import pytest
