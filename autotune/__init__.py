@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.config import Measurement, Provenance, Scenario, SpecConfig, SpecCounters
-from autotune.exceptions import (
+from autotune.errors import (
     BackendUnavailableError,
     ConfigError,
     PeagleError,
@@ -11,6 +10,8 @@ from autotune.exceptions import (
     UsageError,
     WorkloadError,
 )
+from autotune.measurement import Measurement, Provenance, SpecCounters
+from autotune.spec import Scenario, SpecConfig
 
 __version__ = "0.1.0"
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from autotune.config import SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
+from autotune.spec import SpecConfig
 
 FORMATS = ("vllm-json", "vllm-args", "yaml", "schedule", "policy")
 

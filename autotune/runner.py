@@ -19,8 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from autotune.backends.base import Backend
-from autotune.config import Scenario
-from autotune.exceptions import BackendUnavailableError, UsageError
+from autotune.errors import BackendUnavailableError, UsageError
 from autotune.search import (
     ModelGuidedStrategy,
     Objective,
@@ -31,6 +30,7 @@ from autotune.search import (
     measurement_metrics,
 )
 from autotune.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file
+from autotune.spec import Scenario
 from store import Store
 
 DEFAULT_K_MAX = 8

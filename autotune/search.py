@@ -44,10 +44,11 @@ from sqlalchemy import event, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.backends.base import Backend
-from autotune.config import Measurement, Scenario, SpecConfig
-from autotune.exceptions import PeagleError, UsageError
+from autotune.errors import PeagleError, UsageError
+from autotune.measurement import Measurement
 from autotune.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
 from autotune.space import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
 from store import InvalidRecordError, Store, mask_password
 

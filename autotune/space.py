@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from autotune.config import MAX_K, SpecConfig
-from autotune.exceptions import ConfigError
+from autotune.errors import ConfigError
+from autotune.spec import MAX_K, SpecConfig
 
 if TYPE_CHECKING:
     import optuna

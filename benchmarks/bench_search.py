@@ -48,8 +48,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from autotune.backends.base import Backend  # noqa: E402
-from autotune.config import Measurement, Provenance, Scenario, SpecConfig  # noqa: E402
+from autotune.measurement import Measurement, Provenance  # noqa: E402
 from autotune.space import DrafterChoice, SearchSpace  # noqa: E402
+from autotune.spec import Scenario, SpecConfig  # noqa: E402
 from autotune.workloads import Workload, load_workload  # noqa: E402
 
 DEFAULT_MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))

@@ -54,7 +54,7 @@ __all__ = [
 
 POLICY_FORMAT_VERSION = 1
 MAX_K = 16
-"""Deepest depth a policy may name (matches autotune.config.MAX_K)."""
+"""Deepest depth a policy may name (matches autotune.spec.MAX_K)."""
 
 CLASS_KEY = "peagle_class"
 SPECULATE_KEY = "peagle_speculate"

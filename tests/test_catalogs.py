@@ -18,7 +18,7 @@ from autotune.catalogs import (
     list_models,
     resolve_model,
 )
-from autotune.exceptions import ConfigError, UnknownModelError
+from autotune.errors import ConfigError, UnknownModelError
 from autotune.workloads import REFERENCE_FOR_CLASS
 
 # The published Llama-3.1-8B-Instruct config.json fields (the parser only needs these).

@@ -8,7 +8,7 @@ import pytest
 from autotune.backends._roofline import Calibration, step_time
 from autotune.backends.model import ModelBackend
 from autotune.catalogs import get_gpu, resolve_model
-from autotune.config import Scenario, SpecConfig
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest, load_workload
 from policies import AcceptanceProfile
 

@@ -19,7 +19,7 @@ from autotune.backends._roofline import (
     tensor_tflops,
 )
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 
 # A GPU with round numbers: 1000 GB/s, 100 TFLOP/s bf16, 200 fp8, no fp4.
 GPU = GPUSpec(

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from autotune.backends._paths import hijacking_substring, safe_draft_model_path
 from autotune.cli.profile import profile as profile_command
-from autotune.exceptions import ConfigError
+from autotune.errors import ConfigError
 from autotune.profiling import (
     acceptance_per_class,
     metrics_check,
@@ -136,7 +136,7 @@ def test_phases_alternate_concurrencies_and_keep_the_class_mix() -> None:
 
 
 def test_cli_prints_acceptance_step_costs_fit_and_launches_labelled_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.config import Provenance
+    from autotune.measurement import Provenance
     from autotune.profiling import ProfileResult
     from policies import StepSample
 

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
 from autotune.cli.profile import profile as profile_command
-from autotune.config import Scenario, SpecConfig
 from autotune.environment import detect_environment
 from autotune.profiling import predictor_from_profile
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, load_workload
 from store import Store
 

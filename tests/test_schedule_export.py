@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from autotune.config import SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.export import SCHEDULE_PD_WARNING, render
 from autotune.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
+from autotune.spec import SpecConfig
 
 
 def test_best_depth_falls_as_batch_grows_for_a_verification_bound_cost() -> None:
@@ -107,9 +107,9 @@ def test_unknown_format() -> None:
 def recommendation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A stored recommendation from a grid search on the mixed workload (chat, code, math) at concurrency 8."""
     from autotune.backends.model import ModelBackend
-    from autotune.config import Scenario
     from autotune.search import GridStrategy, Search
     from autotune.space import DrafterChoice, SearchSpace
+    from autotune.spec import Scenario
     from autotune.workloads import load_workload
     from store import Store
 

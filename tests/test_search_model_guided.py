@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from autotune.backends.base import Backend
 from autotune.backends.model import ModelBackend
 from autotune.cli import main
-from autotune.config import Measurement, Scenario, SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
+from autotune.measurement import Measurement
 from autotune.runner import resolve_strategy
 from autotune.search import (
     DrafterProfile,
@@ -29,6 +29,7 @@ from autotune.search import (
     store_or_profile,
 )
 from autotune.space import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, load_workload
 from store import Store
 

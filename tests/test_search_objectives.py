@@ -12,10 +12,10 @@ import optuna
 import pytest
 
 from autotune.backends.model import ModelBackend
-from autotune.config import Scenario, SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.search import GridStrategy, Objective, ScenarioResult, Search, measurement_metrics
 from autotune.space import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import Store
 

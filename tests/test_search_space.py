@@ -8,9 +8,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import SpecConfig
-from autotune.exceptions import ConfigError
+from autotune.errors import ConfigError
 from autotune.space import DrafterChoice, SearchSpace, load_space_file, space_from_options
+from autotune.spec import SpecConfig
 
 PEAGLE = DrafterChoice("org/p-eagle", "eagle3", 4, parallel_capable=True, recommended_k=5)
 EAGLE3 = DrafterChoice("org/eagle3", "eagle3", 1, parallel_capable=False, recommended_k=3)

@@ -11,8 +11,8 @@ import pytest
 
 from autotune.backends.base import Backend
 from autotune.backends.model import ModelBackend
-from autotune.config import Measurement, Scenario, SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
+from autotune.measurement import Measurement
 from autotune.search import (
     STRATEGIES,
     BlackboxStrategy,
@@ -29,6 +29,7 @@ from autotune.search import (
     register_strategy,
 )
 from autotune.space import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, load_workload
 from store import Store
 

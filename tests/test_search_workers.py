@@ -26,10 +26,10 @@ from sqlalchemy import create_engine, make_url, text
 
 from autotune.backends.model import ModelBackend
 from autotune.cli import main
-from autotune.config import Scenario, SpecConfig
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.search import GridStrategy, Objective, RandomStrategy, Search
 from autotune.space import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import Store
 from store.testing import POSTGRES_URL_ENV, postgres_test_url

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli.serve import serve
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.serving import build_launch, resolve_tuned_config
 from policies import ClassPolicy, PolicyFile, PolicyFileError, RequestPolicy, StepCostModel
 from policies._plugin_config import CONFIG_ENV, SCHEDULER_CLS, PluginConfig

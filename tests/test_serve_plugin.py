@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import SpecConfig
 from autotune.serving import TunedConfig, plugin_config
+from autotune.spec import SpecConfig
 from policies import ClassPolicy, RequestPolicy, RequestView, StepCostModel, TrackedBatch
 from policies._plugin_config import (
     PluginConfig,

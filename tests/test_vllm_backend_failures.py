@@ -13,7 +13,8 @@ import pytest
 
 from autotune.backends._vllm_worker import FAULT_ENV
 from autotune.backends.vllm import VLLMBackend, vllm_available
-from autotune.config import Measurement, Scenario, SpecConfig
+from autotune.measurement import Measurement
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 
 REPO = Path(__file__).resolve().parent.parent

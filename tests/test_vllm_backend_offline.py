@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
-from autotune.config import Measurement, Scenario, SpecConfig
 from autotune.environment import detect_environment
+from autotune.measurement import Measurement
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, load_workload
 
 REPO = Path(__file__).resolve().parent.parent

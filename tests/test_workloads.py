@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from autotune.catalogs import get_drafter
-from autotune.exceptions import WorkloadError
+from autotune.errors import WorkloadError
 from autotune.workloads import (
     REFERENCE_FOR_CLASS,
     Workload,

@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 
 __all__ = [
     "Calibration",

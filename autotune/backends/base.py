@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import abc
 
-from autotune.config import Measurement, Scenario, SpecConfig
+from autotune.measurement import Measurement
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
 
 

@@ -35,8 +35,9 @@ from autotune.backends._roofline import (
 )
 from autotune.backends.base import Backend
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec, default_gpu, get_drafter, get_gpu, resolve_model
-from autotune.config import MAX_K, Measurement, Provenance, Scenario, SpecConfig
-from autotune.exceptions import ConfigError, PeagleError, UsageError
+from autotune.errors import ConfigError, PeagleError, UsageError
+from autotune.measurement import Measurement, Provenance
+from autotune.spec import MAX_K, Scenario, SpecConfig
 from autotune.workloads import REFERENCE_FOR_CLASS, Workload
 from policies import AcceptanceProfile
 

@@ -28,9 +28,10 @@ import numpy as np
 from autotune.backends._paths import safe_draft_model_path
 from autotune.backends._serve import kill_process_group, run_serve, start_process_group
 from autotune.backends.base import Backend
-from autotune.config import FailureKind, Measurement, Provenance, Scenario, SpecConfig, SpecCounters
 from autotune.environment import detect_environment
-from autotune.exceptions import BackendUnavailableError, ConfigError
+from autotune.errors import BackendUnavailableError, ConfigError
+from autotune.measurement import FailureKind, Measurement, Provenance, SpecCounters
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 
 Mode = Literal["offline", "serve"]

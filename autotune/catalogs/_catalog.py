@@ -13,7 +13,7 @@ import yaml
 
 from autotune.catalogs._hf_config import drafter_from_config, model_from_config, read_config
 from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec, ReferenceAcceptance
-from autotune.exceptions import ConfigError, PeagleError, UnknownModelError
+from autotune.errors import ConfigError, PeagleError, UnknownModelError
 
 #: Catalog key of the default GPU (see `default_gpu`).
 DEFAULT_GPU = "h200"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.catalogs._specs import DrafterSpec, ModelSpec, architecture_params
-from autotune.exceptions import UnknownModelError
+from autotune.errors import UnknownModelError
 
 #: Keys vLLM accepts as the mask token that parallel drafting needs (any one of them).
 PARALLEL_DRAFTING_TOKEN_KEYS: tuple[str, ...] = ("pard_token", "mask_token_id", "ptd_token_id")

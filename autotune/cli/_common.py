@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from autotune.exceptions import PeagleError, UsageError
+from autotune.errors import PeagleError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,7 +13,7 @@ from autotune.cli._common import (
     errors,
     open_store,
 )
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 
 
 @click.command()

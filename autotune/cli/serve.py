@@ -65,7 +65,7 @@ def serve(
 
         peagle-tune serve --model ./target --policy policy.yaml --dry-run -- --dtype float32 --max-model-len 512
     """
-    from autotune.exceptions import UsageError
+    from autotune.errors import UsageError
     from autotune.serving import (
         LOOPBACK,
         DriftReport,

@@ -28,9 +28,9 @@ from autotune.backends._serve import kill_process_group, start_process_group
 from autotune.backends._vllm_worker import PHASE_MARK, spec_delta
 from autotune.backends.vllm import classify_failure, read_log_tail, vllm_available
 from autotune.catalogs import DrafterSpec, get_drafter
-from autotune.config import MAX_K, FailureKind, Provenance
 from autotune.environment import detect_environment
-from autotune.exceptions import BackendUnavailableError, ConfigError
+from autotune.errors import BackendUnavailableError, ConfigError
+from autotune.measurement import FailureKind, Provenance
 from autotune.profiling._analysis import (
     acceptance_per_class,
     fit_cost_model,
@@ -38,6 +38,7 @@ from autotune.profiling._analysis import (
     phase_totals,
     step_cost_entries,
 )
+from autotune.spec import MAX_K
 from autotune.workloads import Workload
 from policies import AcceptanceProfile, StepCostModel, StepSample
 from policies._plugin_config import CONFIG_ENV, DepthPlan, PluginConfig, PluginStats

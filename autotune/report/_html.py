@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from autotune.config import SpecConfig
-from autotune.exceptions import PeagleError
+from autotune.errors import PeagleError
 from autotune.report._series import config_label, kind_of, provenance_caption, slos_of
+from autotune.spec import SpecConfig
 from store import RecommendationRecord
 
 

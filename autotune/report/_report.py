@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.report import _plots as plots
 from autotune.report import _series as series
 from autotune.report._html import Figure, ModelSection, render_page

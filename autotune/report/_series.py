@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config import MAX_K, Scenario, SpecConfig
-from autotune.exceptions import PeagleError
+from autotune.errors import PeagleError
+from autotune.spec import MAX_K, Scenario, SpecConfig
 from policies import AcceptanceProfile, StepCostModel, StepSample
 from store import ProfileRecord, RecommendationRecord, TrialRecord, default_direction
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends._paths import safe_draft_model_path
-from autotune.exceptions import UsageError
+from autotune.errors import UsageError
 from autotune.serving._tuned import TunedConfig, plugin_config
 from policies._plugin_config import CONFIG_ENV, PluginConfig, serve_args
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import SpecConfig
-from autotune.exceptions import ConfigError, UsageError
+from autotune.errors import ConfigError, UsageError
+from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, StepSample, load_policy
 from policies._plugin_config import PluginConfig
 
@@ -266,7 +266,7 @@ def roofline_cost_model(model: str, device: str, spec: SpecConfig) -> StepCostMo
     GPU, at batch sizes 1..min(256, max_num_seqs) and depths 0..K; None when either is not in the catalogs."""
     from autotune.backends.model import ModelBackend
     from autotune.catalogs import get_gpu, resolve_model
-    from autotune.exceptions import PeagleError
+    from autotune.errors import PeagleError
 
     try:
         backend = ModelBackend(resolve_model(model), get_gpu(device))

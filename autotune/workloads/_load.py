@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from autotune.exceptions import WorkloadError
+from autotune.errors import WorkloadError
 from autotune.workloads._parse import (
     DEFAULT_CLASS,
     JSONL_EXPECTED,

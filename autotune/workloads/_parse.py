@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from autotune.exceptions import WorkloadError
+from autotune.errors import WorkloadError
 from autotune.workloads._workload import WorkloadRequest
 
 DEFAULT_CLASS = "default"

@@ -1,17 +1,16 @@
-"""The objects every part of the tuner passes around: a speculative config, a scenario, a measurement.
+"""The configuration being tuned: a speculative config (drafter, depth, batch limits) and a scenario (offered load).
 
-They are plain frozen dataclasses with `to_dict`/`from_dict` so the store (which knows nothing of these types)
-keeps them as JSON.
+Plain frozen dataclasses with `to_dict`/`from_dict` so the store (which knows nothing of these types) keeps them
+as JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from autotune.exceptions import ConfigError
+from autotune.errors import ConfigError
 
 Method = Literal["none", "eagle3", "eagle", "draft_model"]
 METHODS: tuple[str, ...] = ("none", "eagle3", "eagle", "draft_model")
@@ -128,122 +127,4 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a figure comes from. Every number the tool shows carries one."""
-
-    kind: Literal["measured", "predicted"]
-    backend: str
-    """"vllm" or "model"."""
-    device: str
-    """GPU name (e.g. "NVIDIA H200") or "cpu"; for predictions, the GPU assumed."""
-    vllm_version: str | None = None
-    torch_version: str | None = None
-    profile: str | None = None
-    """For predictions: which acceptance profile/cost model was used (e.g. "published:mt-bench" or "profile#3")."""
-    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
-
-    def describe(self) -> str:
-        if self.kind == "measured":
-            return f"measured on {self.device} (vLLM {self.vllm_version}, {self.date[:10]})"
-        return f"predicted by the {self.backend} backend for {self.device} from {self.profile}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Provenance:
-        return cls(**data)
-
-
-@dataclass
-class SpecCounters:
-    """Speculative-decoding counters over a measured phase (deltas of vLLM's cumulative metrics)."""
-
-    num_drafts: int = 0
-    """Draft proposals (one per request per step that speculated)."""
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    """accepted_per_position[i]: drafts whose token at position i+1 was accepted."""
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per step per request, including the bonus token: ``1 + accepted / drafts``."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SpecCounters:
-        return cls(**data)
-
-
-FailureKind = Literal["invalid_config", "out_of_memory", "engine_died", "timeout"]
-
-
-@dataclass
-class Measurement:
-    """The result of running (or predicting) one config on one workload at one scenario."""
-
-    config: SpecConfig
-    scenario: Scenario
-    provenance: Provenance
-    ok: bool = True
-    failure_kind: FailureKind | None = None
-    failure_reason: str | None = None
-    """One-line reason a user can act on; `log_tail` has the engine's last lines."""
-    log_tail: str | None = None
-    output_tokens_per_s: float | None = None
-    tpot_ms_p50: float | None = None
-    tpot_ms_p99: float | None = None
-    ttft_ms_p50: float | None = None
-    ttft_ms_p99: float | None = None
-    speedup_vs_no_spec: float | None = None
-    """Predicted backends fill this; measured ones leave it to the caller who has the baseline."""
-    spec: SpecCounters | None = None
-    spec_per_class: dict[str, SpecCounters] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def failed(
-        cls,
-        config: SpecConfig,
-        scenario: Scenario,
-        provenance: Provenance,
-        kind: FailureKind,
-        reason: str,
-        log_tail: str | None = None,
-    ) -> Measurement:
-        return cls(
-            config=config,
-            scenario=scenario,
-            provenance=provenance,
-            ok=False,
-            failure_kind=kind,
-            failure_reason=reason,
-            log_tail=log_tail,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        data = dict(data)
-        data["config"] = SpecConfig.from_dict(data["config"])
-        data["scenario"] = Scenario.from_dict(data["scenario"])
-        data["provenance"] = Provenance.from_dict(data["provenance"])
-        if data.get("spec") is not None:
-            data["spec"] = SpecCounters.from_dict(data["spec"])
-        data["spec_per_class"] = {k: SpecCounters.from_dict(v) for k, v in data.get("spec_per_class", {}).items()}
         return cls(**data)
