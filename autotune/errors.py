@@ -29,3 +29,7 @@ class WorkloadError(UsageError):
 
 class BackendUnavailableError(PeagleError):
     """The requested backend cannot run here (for example vLLM is not installed)."""
+
+
+class StudyStorageError(PeagleError):
+    """The Optuna storage of a search (--storage, or the --db database) cannot be opened."""

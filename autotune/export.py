@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune.engine import config_args, export_options, serve_flags
 from autotune.errors import UsageError
 from autotune.spec import SpecConfig
 
@@ -29,17 +30,6 @@ SCHEDULE_PD_WARNING = (
     "(vLLM issue #45695); with a P-EAGLE drafter serve through `peagle-tune serve`, which applies the "
     "schedule by trimming drafts in its scheduler instead."
 )
-
-
-def serve_options(model: str, config: SpecConfig) -> dict[str, Any]:
-    """`vllm serve` options (long-option names without dashes) for a config; the speculative config as a dict."""
-    opts: dict[str, Any] = {"model": model, "max-num-seqs": config.max_num_seqs}
-    if config.max_num_batched_tokens is not None:
-        opts["max-num-batched-tokens"] = config.max_num_batched_tokens
-    spec = config.speculative_config()
-    if spec is not None:
-        opts["speculative-config"] = spec
-    return opts
 
 
 def hypothetical_warning(recommendation: Mapping[str, Any]) -> str | None:
@@ -97,13 +87,10 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
             return "null\n", warnings
         return json.dumps(spec, indent=2) + "\n", warnings
     if fmt == "vllm-args":
-        opts = serve_options(model, config)
-        args = ["vllm", "serve", opts.pop("model")]
-        for key, value in opts.items():
-            args += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+        args = ["vllm", "serve", model, *serve_flags(config_args(config, engine_paths=False))]
         return shlex.join(args) + "\n", warnings
     if fmt == "yaml":
-        return yaml.safe_dump(serve_options(model, config), sort_keys=False), warnings
+        return yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
     if fmt == "schedule":
         return _schedule(config, recommendation, warnings), warnings
     doc = policy_document(recommendation)

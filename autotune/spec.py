@@ -7,16 +7,17 @@ as JSON.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
+from policies import MAX_K  # 16: the deepest K of configs, spaces, profiles and runtime policies alike
 
 Method = Literal["none", "eagle3", "eagle", "draft_model"]
 METHODS: tuple[str, ...] = ("none", "eagle3", "eagle", "draft_model")
 
-#: vLLM allows any positive K, but nothing published serves beyond 16 and the drafters are trained for <= 10.
-MAX_K = 16
+__all__ = ["MAX_K", "METHODS", "Method", "Scenario", "SpecConfig", "config_label"]
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,14 @@ class SpecConfig:
     def speculative(self) -> bool:
         return self.method != "none"
 
-    def label(self) -> str:
-        """Short human label, e.g. ``eagle3+pd K=5 (4L) seqs=64``."""
+    def label(self, *, layers: bool = True) -> str:
+        """Short human label, e.g. ``eagle3+pd K=5 (4L) seqs=64`` (without the drafter's layer count when `layers` is
+        False, e.g. in narrow table cells). The one way configs are named to people; see also `config_label`."""
         if not self.speculative:
             return f"no-spec seqs={self.max_num_seqs}"
         pd = "+pd" if self.parallel_drafting else ""
-        layers = f" ({self.drafter_layers}L)" if self.drafter_layers else ""
-        return f"{self.method}{pd} K={self.k}{layers} seqs={self.max_num_seqs}"
+        depth = f" ({self.drafter_layers}L)" if layers and self.drafter_layers else ""
+        return f"{self.method}{pd} K={self.k}{depth} seqs={self.max_num_seqs}"
 
     def speculative_config(self) -> dict[str, Any] | None:
         """The dict vLLM takes as ``--speculative-config`` or ``LLM(speculative_config=...)``; None: no speculation."""
@@ -103,6 +105,15 @@ class SpecConfig:
 
     def with_(self, **changes: Any) -> SpecConfig:
         return dataclasses.replace(self, **changes)
+
+
+def config_label(data: Mapping[str, Any], *, layers: bool = True) -> str:
+    """`SpecConfig.label` of a stored config dict (as `SpecConfig.to_dict` wrote it); the dict itself as text when it
+    is not a valid config (e.g. written by another version)."""
+    try:
+        return SpecConfig.from_dict(dict(data)).label(layers=layers)
+    except (ConfigError, TypeError):
+        return str(data)
 
 
 @dataclass(frozen=True)

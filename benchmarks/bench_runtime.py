@@ -125,8 +125,7 @@ EXPLANATION = """
 # ================================================================================================= parent side
 def launch(job: dict[str, Any], env: dict[str, str], workdir: Path, label: str, timeout_s: float) -> dict[str, Any]:
     """Run one configuration in a subprocess (its own process group, killed afterwards); its result dict."""
-    from autotune.backends._serve import kill_process_group, start_process_group
-    from autotune.backends.vllm import read_log_tail
+    from autotune.engine import kill_process_group, read_log_tail, start_process_group
 
     run = workdir / label
     run.mkdir(parents=True, exist_ok=True)
@@ -248,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_worker(*args.worker)
 
     from autotune.environment import detect_environment
-    from autotune.schedule import best_depth_per_batch, default_batch_sizes, merge_schedule
+    from autotune.search import best_depth_per_batch, default_batch_sizes, merge_schedule
     from autotune.workloads import load_workload
-    from policies import RequestPolicy, benchmark_decision_time
-    from policies._plugin_config import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
+    from policies import ClassPolicy, RequestPolicy, benchmark_decision_time
+    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
 
     for needed in (args.models / "target" / "config.json", args.models / args.drafter / "config.json", args.workload):
         if not needed.is_file():
@@ -292,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     top = max(k for _, _, k in schedule)
     schedule_spec = spec(max(top, 1), num_speculative_tokens_per_batch_size=schedule)
     configs.append((f"vLLM schedule {schedule}", job(schedule_spec), {}))
-    policy = RequestPolicy(static_k=best_static, max_k=kmax, default_class=PREDICTABLE)
+    # Both classes declared: the plugin takes a request's class label only for classes its policy knows.
+    policy = RequestPolicy(
+        static_k=best_static, max_k=kmax, default_class=PREDICTABLE, classes={ENTROPIC: ClassPolicy()}
+    )
     stats_path = workdir / "adaptive-stats.json"
     plugin = PluginConfig(
         mode="adaptive",

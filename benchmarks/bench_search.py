@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from autotune.backends.base import Backend  # noqa: E402
 from autotune.measurement import Measurement, Provenance  # noqa: E402
-from autotune.space import DrafterChoice, SearchSpace  # noqa: E402
+from autotune.search import DrafterChoice, SearchSpace  # noqa: E402
 from autotune.spec import Scenario, SpecConfig  # noqa: E402
 from autotune.workloads import Workload, load_workload  # noqa: E402
 
@@ -352,13 +352,14 @@ def run_strategy(data: Mapping[str, Any], models: Path, workload: Workload, stra
     trials = {"blackbox": n_grid - 1, "random": n_grid, "grid": n_grid}.get(strategy_name)
     guided = strategy_name.startswith("model-guided")
     which = "profiles_baseline" if strategy_name == "model-guided+baseline" else "profiles"
-    strategy = ModelGuidedStrategy(profiles=_profile_provider(data, which)) if guided else make_strategy(strategy_name)
+    strategy = ModelGuidedStrategy() if guided else make_strategy(strategy_name)
+    profiles = _profile_provider(data, which) if guided else None
     out: dict[int, dict[str, Any]] = {}
     for c in CONCURRENCIES:
         store = Store("sqlite://")
         search = Search(store=store, backend=backend, model=str(models / "target"), device="cpu", workload=workload,
                         space=space, strategy=strategy, n_trials=trials, seed=seed,
-                        study_prefix=f"bench-{strategy_name}-{seed}")
+                        study_prefix=f"bench-{strategy_name}-{seed}", profiles=profiles)
         result = search.run_scenario(scenario_for(c))
         truth = _true_values(data, c)
         best_key, best = max(truth.items(), key=lambda kv: kv[1])
@@ -485,9 +486,10 @@ def live(data: Mapping[str, Any], models: Path, workload_path: Path, db: Path | 
     space = fixture_space(paths)
     backend = _vllm_backend(models)
     db = db or Path(tempfile.mkdtemp(prefix="bench-search-")) / "peagle.db"
-    strategy = ModelGuidedStrategy(profile_concurrencies=CONCURRENCIES)
+    strategy = ModelGuidedStrategy()
     search = Search(store=Store(f"sqlite:///{db}"), backend=backend, model=str(models / "target"), device="cpu",
-                    workload=workload, space=space, strategy=strategy, study_prefix="live")
+                    workload=workload, space=space, strategy=strategy, study_prefix="live",
+                    profile_concurrencies=CONCURRENCIES)
     started = time.perf_counter()
     env = _environment()
     rows = ["### Live model-guided run (real engine)", "",

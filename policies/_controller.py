@@ -33,219 +33,21 @@ Everything `decide` reports (goodput, step time) is predicted.
 
 from __future__ import annotations
 
-import itertools
 import math
-import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from operator import attrgetter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from policies._batch import Cohort, Decision, RequestView, StepTally, TrackedBatch, cohort_of
 from policies._estimator import AcceptanceEstimator
+from policies._settings import ControllerSettings
 from policies._step_cost import StepCostModel, StepSample
 
-__all__ = [
-    "ControllerSettings",
-    "Decision",
-    "DepthController",
-    "RequestView",
-    "TrackedBatch",
-    "benchmark_decision_time",
-]
-
-_Cohort = tuple[str, int, int | None, bool]
-_cohort_of = attrgetter("cohort")
-
-
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """What the controller needs to know about one running request (built by `RequestPolicy.view`).
-
-    ``max_k``: the request's cap (None: the controller's max_k). ``min_k``: its floor (verified depth it always
-    gets when it speculates). ``speculate``: False opts the request out (depth 0).
-    """
-
-    request_id: str
-    cls: str
-    max_k: int | None = None
-    min_k: int = 0
-    speculate: bool = True
-    cohort: _Cohort = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.max_k is not None and self.max_k < 0:
-            raise ValueError(f"Request {self.request_id!r}: max_k (cap) must be >= 0, but got {self.max_k}.")
-        if self.min_k < 0:
-            raise ValueError(f"Request {self.request_id!r}: min_k (floor) must be >= 0, but got {self.min_k}.")
-        object.__setattr__(self, "cohort", (self.cls, self.min_k, self.max_k, self.speculate))
-
-
-class TrackedBatch:
-    """The running batch kept up to date with `add`/`remove`, so `DepthController.decide` costs O(classes * max_k)
-    per step instead of O(B): the scheduler calls `add` when a request starts decoding and `remove` when it
-    finishes or is preempted. Iterating yields the `RequestView`s.
-    """
-
-    _versions = itertools.count(1)  # global, so two batches never share a (batch, version) cache key
-
-    def __init__(self, views: Iterable[RequestView] = ()) -> None:
-        self._views: dict[str, RequestView] = {}
-        self._counts: dict[_Cohort, int] = {}
-        self._members: dict[_Cohort, dict[str, None]] = {}
-        self.version = next(self._versions)
-        self.changes = 0
-        """Adds plus removes so far (the controller measures churn with it)."""
-        for v in views:
-            self.add(v)
-
-    def add(self, view: RequestView) -> None:
-        """Add (or replace) a request. O(1)."""
-        if view.request_id in self._views:
-            self.remove(view.request_id)
-        self._views[view.request_id] = view
-        c = view.cohort
-        self._counts[c] = self._counts.get(c, 0) + 1
-        self._members.setdefault(c, {})[view.request_id] = None
-        self.version = next(self._versions)
-        self.changes += 1
-
-    def remove(self, request_id: str) -> None:
-        """Remove a request (no error if absent). O(1)."""
-        view = self._views.pop(request_id, None)
-        if view is None:
-            return
-        c = view.cohort
-        left = self._counts[c] - 1
-        if left:
-            self._counts[c] = left
-            del self._members[c][request_id]
-        else:
-            del self._counts[c]
-            del self._members[c]
-        self.version = next(self._versions)
-        self.changes += 1
-
-    def sync(self, views: Iterable[RequestView]) -> None:
-        """Make the batch hold exactly ``views`` (adds and removes the difference). O(B)."""
-        wanted = {v.request_id: v for v in views}
-        for rid in [r for r in self._views if r not in wanted]:
-            self.remove(rid)
-        for rid, v in wanted.items():
-            if self._views.get(rid) != v:
-                self.add(v)
-
-    @property
-    def counts(self) -> Mapping[_Cohort, int]:
-        """Requests per cohort (class, floor, cap, speculate). Read-only view."""
-        return self._counts
-
-    def first_of(self, cohort: _Cohort) -> str | None:
-        members = self._members.get(cohort)
-        return next(iter(members)) if members else None
-
-    def get(self, request_id: str) -> RequestView | None:
-        return self._views.get(request_id)
-
-    def __len__(self) -> int:
-        return len(self._views)
-
-    def __iter__(self) -> Iterator[RequestView]:
-        return iter(self._views.values())
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._views
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The depth plan for one step. Query a request's depth with `depth_for` (O(1)) or all of them with `depths`.
-
-    ``plan``: depth per class before each request's cap/floor. ``default_depth``: depth for a class not in the plan.
-    ``batch_depth``: the deepest depth any request of the batch gets (what the drafter must propose).
-    ``predicted_goodput``: tokens/s and ``predicted_step_ms``: ms, both predicted. ``explore``: request ids that verify
-    at their cap this step to keep measuring deep positions. ``fallback``: True when this is the static fallback;
-    ``reason`` says why. ``batch`` is the object passed to `decide`; for a `TrackedBatch` that keeps changing, read
-    `depths` in the same step (or use `depth_for`).
-    """
-
-    plan: Mapping[str, int]
-    default_depth: int
-    max_k: int
-    batch_depth: int
-    predicted_goodput: float
-    predicted_step_ms: float
-    batch: Collection[RequestView] = field(repr=False)
-    explore: frozenset[str] = frozenset()
-    fallback: bool = False
-    reason: str = ""
-
-    def depth_for(self, view: RequestView) -> int:
-        """Verified depth for this request: its class depth, clamped to its floor and cap; 0 if it opted out."""
-        if not view.speculate:
-            return 0
-        hi = self.max_k if view.max_k is None else min(view.max_k, self.max_k)
-        if view.request_id in self.explore:
-            return hi
-        k = self.plan.get(view.cls, self.default_depth)
-        return max(min(view.min_k, hi), min(k, hi))
-
-    @cached_property
-    def depths(self) -> dict[str, int]:
-        """Depth per request id for the whole batch (built on first use)."""
-        return {v.request_id: self.depth_for(v) for v in self.batch}
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    """Tunables of `DepthController` (the ``controller`` section of a policy file)."""
-
-    hysteresis: float = 0.03
-    """Switch plans only when the new one is predicted to be this much better (0.03 = 3%)."""
-    patience: int = 32
-    """...or when the same new plan has been preferred for this many consecutive steps."""
-    refresh_every: int = 16
-    """Rebuild the per-class AL tables and cost coefficients every this many decisions."""
-    per_request: bool = True
-    """Choose depths per request class (True) or one uniform depth for the batch (False)."""
-    drafter_always_runs: bool = True
-    """True when depth is applied by trimming drafts (the drafter runs at its configured K even at depth 0)."""
-    explore_every: int = 16
-    """Every this many steps, one request per class below its cap verifies at its cap (0: never)."""
-    reoptimize_churn: float = 0.05
-    """Between table refreshes, re-run the depth optimisation only once this fraction of the batch has changed since
-    the last optimisation (0: every step); otherwise the last optimum is reused and only re-priced."""
-    learn_step_cost: bool = True
-    """Refine the step-cost model online from measured step times passed to `observe_step`."""
-    decay: float = 0.98
-    """Acceptance estimator forgetting factor per step (used when the policy builds the estimator)."""
-    prior_strength: float = 20.0
-    """Pseudo-trials per position a stored profile is worth in the estimator's prior."""
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.hysteresis) and 0.0 <= self.hysteresis < 1.0):
-            raise ValueError(f"hysteresis must be in [0, 1) (0.03 = 3%), but got {self.hysteresis}.")
-        for name in ("patience", "refresh_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, but got {value!r}.")
-        if isinstance(self.explore_every, bool) or not isinstance(self.explore_every, int) or self.explore_every < 0:
-            raise ValueError(f"explore_every must be an integer >= 0 (0: never), but got {self.explore_every!r}.")
-        if not (math.isfinite(self.reoptimize_churn) and 0.0 <= self.reoptimize_churn <= 1.0):
-            raise ValueError(
-                f"reoptimize_churn must be in [0, 1] (a fraction of the batch), but got {self.reoptimize_churn}."
-            )
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], e.g. 0.98, but got {self.decay}.")
-        if not (math.isfinite(self.prior_strength) and self.prior_strength >= 0):
-            raise ValueError(f"prior_strength must be >= 0, but got {self.prior_strength}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+__all__ = ["DepthController"]
 
 
 @dataclass
@@ -304,7 +106,8 @@ class DepthController:
         self._streak = 0
         self._last: tuple[object, Decision] | None = None
         self._best: dict[str, int] | None = None  # last optimum, valid until refresh or enough churn
-        self._best_mark: tuple[int, int] | dict[_Cohort, int] = {}
+        self._best_mark: tuple[int, int] | dict[Cohort, int] = {}
+        self._pending_samples: dict[tuple[int, int, int, bool], list[float]] = {}  # shape -> [steps, summed ms]
         self.switches = 0
         """Number of plan changes so far (for monitoring flapping)."""
 
@@ -334,10 +137,10 @@ class DepthController:
         assert tables is not None
         explore_now = self.settings.explore_every > 0 and self._decisions % self.settings.explore_every == 0
         if isinstance(batch, TrackedBatch):
-            counts: Mapping[_Cohort, int] = batch.counts
+            counts: Mapping[Cohort, int] = batch.counts
             key: object = (id(batch), batch.version)
         else:
-            counts = Counter(map(_cohort_of, batch))
+            counts = Counter(map(cohort_of, batch))
             key = counts
         last = self._last
         if not refreshed and not explore_now and self._candidate is None and last is not None and last[0] == key:
@@ -416,33 +219,48 @@ class DepthController:
 
         ``drafted``: draft tokens the request verified (0 if it did not speculate); ``accepted``: how many of them
         (a prefix) were accepted. ``step_ms``: measured step time, ms; pass None for steps that also ran prefill,
-        which the decode-step cost model does not describe. Acceptance feeds the estimator (then one decay step);
-        step time refines the cost model by RLS if ``learn_step_cost``. New estimates are used from the next refresh.
+        which the decode-step cost model does not describe. The outcomes are counted per class (so the work per
+        step grows with the distinct outcomes, not with B), feed the estimator, and age only the classes present
+        in the step (a class absent from the batch keeps its estimate). Step times of the same shape (B, verified
+        tokens, drafter ran) are pooled and refine the cost model by RLS at the next refresh if
+        ``learn_step_cost``. New estimates are used from the next refresh.
         """
-        by_class: dict[str, tuple[list[int], list[int]]] = {}
-        verified = 0
-        deepest = 0
+        tally = StepTally()
         for _rid, cls, drafted, accepted in results:
-            entry = by_class.get(cls)
-            if entry is None:
-                entry = by_class[cls] = ([], [])
-            entry[0].append(drafted)
-            entry[1].append(accepted)
-            verified += drafted + 1
-            if drafted > deepest:
-                deepest = drafted
-        for cls, (drafted_list, accepted_list) in by_class.items():
-            self.estimator.observe_many(cls, drafted_list, accepted_list)
-        self.estimator.advance()
-        if step_ms is not None and results and self.settings.learn_step_cost:
-            ran = self.settings.drafter_always_runs or deepest > 0
-            depth = self.max_k if self.settings.drafter_always_runs else deepest
+            tally.add(cls, "", drafted, accepted)
+        self.observe_tally(tally, step_ms)
+
+    def observe_tally(self, tally: StepTally, step_ms: float | None = None) -> None:
+        """`observe_step` for a step already counted per class (what the scheduler plugin passes)."""
+        by_class = tally.by_class() if len(tally.outcomes) > 1 else {c: o for (c, _), o in tally.outcomes.items()}
+        estimator = self.estimator
+        for cls, outcomes in by_class.items():
+            estimator.observe_counts(cls, outcomes)
+        estimator.advance(present=by_class)
+        if step_ms is not None and tally.size and self.settings.learn_step_cost:
+            always = self.settings.drafter_always_runs
+            ran = always or tally.deepest > 0
+            depth = self.max_k if always else tally.deepest
+            shape = (tally.size, depth, tally.verified, ran)
+            pooled = self._pending_samples.get(shape)
+            if pooled is None:
+                self._pending_samples[shape] = [1, float(step_ms)]
+            else:
+                pooled[0] += 1
+                pooled[1] += float(step_ms)
+
+    def _learn_step_costs(self) -> None:
+        """Feed the pooled step times to the cost model (one RLS update per shape, weighted by its steps)."""
+        pending, self._pending_samples = self._pending_samples, {}
+        for (size, depth, verified, ran), (n, total_ms) in pending.items():
             self.cost_model.update(
-                StepSample(len(results), depth, float(step_ms), verified_tokens=verified, drafter_ran=ran)
+                StepSample(size, depth, total_ms / n, n=int(n), verified_tokens=verified, drafter_ran=ran)
             )
 
     def refresh(self) -> None:
         """Rebuild the per-class AL tables and cost coefficients from the estimator and the cost model now."""
+        if self._pending_samples:
+            self._learn_step_costs()
         c = self.cost_model.coefficients
         tables = _Tables(
             al={}, order=[],
@@ -469,7 +287,7 @@ class DepthController:
         if resort:
             tables.order.sort(key=lambda item: (-item[2], item[1]))
 
-    def _churned(self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[_Cohort, int], size: int) -> bool:
+    def _churned(self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[Cohort, int], size: int) -> bool:
         """Has more than ``reoptimize_churn`` of the batch changed since the last optimisation?"""
         limit = self.settings.reoptimize_churn * size
         mark = self._best_mark
@@ -493,7 +311,7 @@ class DepthController:
         return ms
 
     def _evaluate(
-        self, t: _Tables, counts: Mapping[_Cohort, int], size: int, plan: Mapping[str, int]
+        self, t: _Tables, counts: Mapping[Cohort, int], size: int, plan: Mapping[str, int]
     ) -> tuple[float, float, int]:
         """(expected tokens N, predicted step ms T, deepest request depth) of a class plan on this batch."""
         max_k = self.max_k
@@ -515,7 +333,7 @@ class DepthController:
                 deepest = k
         return n, self._step_ms(t, size, verified, deepest > 0, deepest), deepest
 
-    def _best_uniform(self, t: _Tables, counts: Mapping[_Cohort, int], size: int) -> dict[str, int]:
+    def _best_uniform(self, t: _Tables, counts: Mapping[Cohort, int], size: int) -> dict[str, int]:
         classes = {c[0] for c in counts}
         best_k, best_g = 0, -math.inf
         for k in range(self.max_k + 1):
@@ -525,7 +343,7 @@ class DepthController:
                 best_k, best_g = k, g
         return dict.fromkeys(classes, best_k)
 
-    def _best_per_request(self, t: _Tables, counts: Mapping[_Cohort, int], size: int) -> dict[str, int]:
+    def _best_per_request(self, t: _Tables, counts: Mapping[Cohort, int], size: int) -> dict[str, int]:
         """Exact threshold sweep (module docstring). Returns the per-class depth of the best plan."""
         max_k = self.max_k
         al = t.al
@@ -591,7 +409,7 @@ class DepthController:
         return plan
 
     def _pick_explorers(
-        self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[_Cohort, int], plan: Mapping[str, int]
+        self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[Cohort, int], plan: Mapping[str, int]
     ) -> frozenset[str]:
         """One request per class that runs below its cap (it will verify at its cap this step)."""
         max_k = self.max_k
@@ -612,50 +430,3 @@ class DepthController:
             if hi > max(plan.get(v.cls, 0), v.min_k):
                 chosen[v.cls] = v.request_id
         return frozenset(chosen.values())
-
-def benchmark_decision_time(
-    batch_size: int = 256, repeats: int = 2000, max_k: int = 8, tracked: bool = True
-) -> float:
-    """Mean wall time of one `DepthController.decide` in µs (measured here, on this machine).
-
-    3 classes, every 7th request capped at 3, every 50th opted out; tables refresh every 16 decisions (the default).
-    Each step one request finishes and another of a different class joins, so the composition changes and every
-    call takes the full path (never the "same batch as last step" shortcut). ``tracked=True`` keeps the batch in a
-    `TrackedBatch` (the add/remove is included in the time); ``tracked=False`` passes a list, which adds the O(B)
-    counting of the batch.
-    """
-    cost = StepCostModel(
-        {"base": 6.0, "per_request": 0.04, "per_verified_token": 0.015, "drafter_fixed": 1.2,
-         "drafter_per_request": 0.01}
-    )
-    est = AcceptanceEstimator(max_k)
-    rng = np.random.default_rng(0)
-    for cls, rate in (("code", 0.8), ("math", 0.7), ("chat", 0.55)):
-        drafted = np.full(200, max_k)
-        accepted = np.minimum(rng.geometric(1 - rate, 200) - 1, max_k)
-        est.observe_many(cls, drafted, accepted)
-    ctl = DepthController(cost, est, max_k=max_k, static_k=min(5, max_k), explore_every=0)
-    names = ("code", "math", "chat")
-
-    def view(i: int) -> RequestView:
-        return RequestView(f"r{i}", names[i % 3], max_k=3 if i % 7 == 0 else None, speculate=i % 50 != 1)
-
-    views = [view(i) for i in range(batch_size)]
-    batch = TrackedBatch(views)
-    total = 0.0
-    for step in range(repeats + 50):
-        # one request leaves, one of another class joins
-        start = time.perf_counter()
-        if tracked:
-            batch.remove(views[step % batch_size].request_id)
-            fresh = view(batch_size + step)
-            batch.add(fresh)
-            ctl.decide(batch)
-        else:
-            fresh = view(batch_size + step)
-            ctl.decide(views)
-        elapsed = time.perf_counter() - start
-        views[step % batch_size] = fresh
-        if step >= 50:
-            total += elapsed
-    return total / repeats * 1e6

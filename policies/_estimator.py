@@ -5,9 +5,12 @@ Beta posterior kept as two decayed counts: successes ``S_{c,i}`` and trials ``N_
 i). A request that drafted K tokens and had the first A accepted adds a trial at positions ``0..min(A, K-1)`` and a
 success at positions ``0..A-1`` (position A, if drafted, failed; later positions were never judged).
 
-Forgetting. Once per engine step (`advance`) every count is multiplied by ``decay`` (e.g. 0.98), so an observation
+Forgetting. Once per engine step (`advance`) the counts are multiplied by ``decay`` (e.g. 0.98), so an observation
 made t steps ago weighs ``decay**t``: the estimator remembers about ``1 / (1 - decay)`` steps (50 at 0.98) and follows
-acceptance changes. Decay is applied lazily when a class is touched, so `advance` is O(1) and `observe` is O(K).
+acceptance changes. A class's clock only runs in steps where the class is present (``advance(present=...)``, what the
+controller passes): a class absent from the batch keeps its estimate, so a workload that returns after a long phase
+of other classes starts from what was learnt about it, not from the all-class estimate. ``advance()`` without
+``present`` ages every class. Decay is applied lazily when a class is touched, so `observe` is O(K).
 
 Prior and fallback. A class seeded from a stored `AcceptanceProfile` starts with ``prior_strength`` pseudo-trials per
 position at the profile's conditional rate; those counts decay like data, which keeps the prior mean until data
@@ -22,19 +25,28 @@ floor and the shrinkage dominate, so the estimate drifts back towards the global
 ``ln(N) / (1 - decay)`` steps for N saturated trials; the controller then probes again. `DepthController`'s
 exploration requests measure such positions directly and much sooner.
 
+Bounded. At most ``max_classes`` classes (default `MAX_CLASSES`) get their own counts; observations of any further
+class feed only the global pool, and its estimate is the global one (an untracked class behaves exactly like an unseen
+one). Memory and the cost of `classes`-wide work (the controller's tables, the Prometheus gauges) therefore stay flat
+however many distinct labels reach the estimator.
+
 All outputs are estimates from measured counts; AL beyond ``max_k`` is extrapolated (see `policies.acceptance_length`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from policies._acceptance import AcceptanceProfile, acceptance_lengths
 
-__all__ = ["AcceptanceEstimator"]
+__all__ = ["MAX_CLASSES", "AcceptanceEstimator"]
+
+MAX_CLASSES = 64
+"""Most request classes tracked anywhere: classes a policy may know, class labels the plugin keeps apart, classes
+with their own acceptance estimate. Beyond it labels fold into a default or "other" bucket (see `policies.plugin`)."""
 
 _GLOBAL = "\x00global"
 _FLOOR_TRIALS = 1.0
@@ -42,38 +54,65 @@ _FLOOR_RATE = 0.5
 
 
 class _Counts:
-    """Decayed success/trial counts per position for one class (or the global pool)."""
+    """Decayed success/trial counts per position for one class (or the global pool). ``clock``: the steps this
+    class has aged (its own time); ``step``: the clock value the counts were last decayed to.
 
-    __slots__ = ("succ", "trials", "step")
+    Plain lists, not arrays: an engine step touches a few classes with K <= 16 positions each, where list updates
+    cost a fraction of numpy's per-call overhead; the read side (`AcceptanceEstimator.conditional`) converts."""
+
+    __slots__ = ("succ", "trials", "step", "clock")
 
     def __init__(self, max_k: int, step: int) -> None:
-        self.succ = np.zeros(max_k)
-        self.trials = np.zeros(max_k)
+        self.succ = [0.0] * max_k
+        self.trials = [0.0] * max_k
         self.step = step
+        self.clock = step
 
-    def catch_up(self, step: int, decay: float) -> None:
-        if step != self.step:
-            f = decay ** (step - self.step)
-            self.succ *= f
-            self.trials *= f
-            self.step = step
+    def age(self, decay: float) -> None:
+        """Decay the counts to the class's own clock."""
+        if self.clock != self.step:
+            f = decay ** (self.clock - self.step)
+            self.succ = [x * f for x in self.succ]
+            self.trials = [x * f for x in self.trials]
+            self.step = self.clock
+
+    def add(self, trials: Sequence[float], succ: Sequence[float]) -> None:
+        t, s = self.trials, self.succ
+        for i, v in enumerate(trials):
+            t[i] += v
+        for i, v in enumerate(succ):
+            s[i] += v
+
+    def add_pair(self, judged: int, accepted: int, m: float) -> None:
+        """``m`` drafts judged at positions < ``judged`` and accepted at positions < ``accepted``."""
+        t, s = self.trials, self.succ
+        for i in range(judged):
+            t[i] += m
+        for i in range(accepted):
+            s[i] += m
 
 
 class AcceptanceEstimator:
     """Online per-class, per-position acceptance estimate with exponential forgetting (see module docstring).
 
     ``max_k``: deepest position tracked (the drafter's K). ``decay``: count multiplier per engine step, in (0, 1].
-    ``shrinkage``: pseudo-trials pulling each class towards the global estimate.
+    ``shrinkage``: pseudo-trials pulling each class towards the global estimate. ``max_classes``: classes with their
+    own counts; later classes share the global estimate.
     """
 
-    def __init__(self, max_k: int, *, decay: float = 0.98, shrinkage: float = 2.0) -> None:
+    def __init__(
+        self, max_k: int, *, decay: float = 0.98, shrinkage: float = 2.0, max_classes: int = MAX_CLASSES
+    ) -> None:
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1 (the drafter's K), but got {max_k}.")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1] (1 = never forget), e.g. 0.98, but got {decay}.")
         if not (math.isfinite(shrinkage) and shrinkage > 0):
             raise ValueError(f"shrinkage must be a finite number of pseudo-trials > 0, but got {shrinkage}.")
+        if isinstance(max_classes, bool) or not isinstance(max_classes, int) or max_classes < 0:
+            raise ValueError(f"max_classes must be an integer >= 0, but got {max_classes!r}.")
         self.max_k = int(max_k)
+        self.max_classes = max_classes
         self.decay = float(decay)
         self.shrinkage = float(shrinkage)
         self._step = 0
@@ -89,27 +128,28 @@ class AcceptanceEstimator:
         prior_strength: float = 20.0,
         decay: float = 0.98,
         shrinkage: float = 2.0,
+        max_classes: int = MAX_CLASSES,
     ) -> AcceptanceEstimator:
         """An estimator seeded with stored profiles, each worth ``prior_strength`` pseudo-trials per position.
 
         ``max_k`` defaults to the deepest profile; shallower profiles are extended geometrically with their last
-        conditional rate (a prediction).
+        conditional rate (a prediction). Profiles beyond ``max_classes`` still inform the global estimate.
         """
         if not (math.isfinite(prior_strength) and prior_strength >= 0):
             raise ValueError(f"prior_strength must be a finite number of pseudo-trials >= 0, but got {prior_strength}.")
         depth = max_k if max_k is not None else max((p.max_k for p in profiles.values()), default=0)
         if depth < 1:
             raise ValueError("from_profiles needs max_k >= 1 or at least one profile to take the depth from.")
-        est = cls(depth, decay=decay, shrinkage=shrinkage)
+        est = cls(depth, decay=decay, shrinkage=shrinkage, max_classes=max_classes)
         for name, profile in profiles.items():
             survival = np.diff(profile.acceptance_lengths(depth))
             prev = np.concatenate(([1.0], survival[:-1]))
             rates = np.divide(survival, prev, out=np.zeros_like(survival), where=prev > 0)
+            trials, succ = [prior_strength] * depth, (prior_strength * rates).tolist()
             counts = est._counts(name)
-            counts.trials += prior_strength
-            counts.succ += prior_strength * rates
-            est._global.trials += prior_strength
-            est._global.succ += prior_strength * rates
+            if counts is not None:
+                counts.add(trials, succ)
+            est._global.add(trials, succ)
         return est
 
     # ---- observing ----------------------------------------------------------------------------------------------
@@ -120,10 +160,25 @@ class AcceptanceEstimator:
         if num_drafted == 0:
             return
         judged = min(num_accepted + 1, num_drafted)
-        for counts in (self._counts(cls), self._global):
-            counts.catch_up(self._step, self.decay)
-            counts.trials[:judged] += 1.0
-            counts.succ[:num_accepted] += 1.0
+        for counts in self._targets(cls):
+            counts.age(self.decay)
+            counts.add_pair(judged, num_accepted, 1.0)
+
+    def observe_counts(self, cls: str, outcomes: Mapping[tuple[int, int], int]) -> None:
+        """One step's requests of one class as ``{(drafted, accepted): number of requests}`` (what the scheduler
+        plugin aggregates per class). O(distinct outcomes * K), independent of the number of requests."""
+        targets = None
+        for (drafted, accepted), m in outcomes.items():
+            if drafted == 0 or m == 0:
+                continue
+            self._check(drafted, accepted)
+            if targets is None:
+                targets = self._targets(cls)
+                for counts in targets:
+                    counts.age(self.decay)
+            judged = accepted + 1 if accepted < drafted else drafted
+            for counts in targets:
+                counts.add_pair(judged, accepted, float(m))
 
     def observe_many(
         self, cls: str, num_drafted: Sequence[int] | np.ndarray, num_accepted: Sequence[int] | np.ndarray
@@ -147,25 +202,38 @@ class AcceptanceEstimator:
         at_least = drafted.size - np.concatenate(([0], np.cumsum(acc_hist)[:-1]))  # #(A >= i), i = 0..k
         full = accepted[accepted == drafted]
         full_hist = np.bincount(full, minlength=k + 1)[: k + 1]
-        trials = (at_least - full_hist)[:k].astype(float)
-        succ = at_least[1 : k + 1].astype(float)
-        for counts in (self._counts(cls), self._global):
-            counts.catch_up(self._step, self.decay)
-            counts.trials += trials
-            counts.succ += succ
+        trials = (at_least - full_hist)[:k].astype(float).tolist()
+        succ = at_least[1 : k + 1].astype(float).tolist()
+        for counts in self._targets(cls):
+            counts.age(self.decay)
+            counts.add(trials, succ)
 
-    def advance(self, steps: int = 1) -> None:
-        """Mark the end of ``steps`` engine steps: older observations now weigh ``decay`` times less. O(1)."""
+    def advance(self, steps: int = 1, present: Iterable[str] | None = None) -> None:
+        """Mark the end of ``steps`` engine steps: older observations now weigh ``decay`` times less.
+
+        ``present``: the classes that were in the batch; only they (and the global pool) age, a class absent from
+        the steps keeps its estimate. None ages every class. O(len(present)), or O(classes) with None.
+        """
         if steps < 0:
             raise ValueError(f"steps must be >= 0, but got {steps}.")
         self._step += steps
+        self._global.clock += steps
+        classes = self._classes
+        if present is None:
+            for counts in classes.values():
+                counts.clock += steps
+            return
+        for cls in present:
+            found = classes.get(cls)
+            if found is not None:
+                found.clock += steps
 
     # ---- estimates -------------------------------------------------------------------------------------------------
     def global_conditional(self) -> np.ndarray:
         """Conditional acceptance rate per position pooled over all classes, shape ``(max_k,)``."""
         g = self._global
-        g.catch_up(self._step, self.decay)
-        return (g.succ + _FLOOR_TRIALS * _FLOOR_RATE) / (g.trials + _FLOOR_TRIALS)
+        g.age(self.decay)
+        return (np.asarray(g.succ) + _FLOOR_TRIALS * _FLOOR_RATE) / (np.asarray(g.trials) + _FLOOR_TRIALS)
 
     def conditional(self, cls: str) -> np.ndarray:
         """Estimated conditional acceptance rate per position for ``cls`` (posterior mean), shape ``(max_k,)``.
@@ -175,8 +243,8 @@ class AcceptanceEstimator:
         counts = self._classes.get(cls)
         if counts is None:
             return g
-        counts.catch_up(self._step, self.decay)
-        return (counts.succ + self.shrinkage * g) / (counts.trials + self.shrinkage)
+        counts.age(self.decay)
+        return (np.asarray(counts.succ) + self.shrinkage * g) / (np.asarray(counts.trials) + self.shrinkage)
 
     def survival(self, cls: str) -> np.ndarray:
         """Estimated ``P(first i+1 drafts accepted)`` per position for ``cls``: the running product of `conditional`."""
@@ -198,11 +266,11 @@ class AcceptanceEstimator:
         counts = self._classes.get(cls)
         if counts is None:
             return 0.0
-        counts.catch_up(self._step, self.decay)
+        counts.age(self.decay)
         return float(counts.trials[0])
 
     def classes(self) -> list[str]:
-        """Classes with a seeded prior or observations."""
+        """Classes with their own counts (a seeded prior or observations); at most ``max_classes``."""
         return list(self._classes)
 
     def to_profile(self, cls: str, num_drafts: int = 1000) -> AcceptanceProfile:
@@ -210,13 +278,20 @@ class AcceptanceEstimator:
         return AcceptanceProfile.from_survival(self.survival(cls).tolist(), num_drafts=num_drafts)
 
     # ---- internals ---------------------------------------------------------------------------------------------------
-    def _counts(self, cls: str) -> _Counts:
+    def _counts(self, cls: str) -> _Counts | None:
+        """The class's counts, created on first use while fewer than ``max_classes`` exist (None beyond)."""
         counts = self._classes.get(cls)
         if counts is None:
             if not isinstance(cls, str):
                 raise TypeError(f"A request class must be a string, but got {cls!r} ({type(cls).__name__}).")
+            if len(self._classes) >= self.max_classes:
+                return None
             counts = self._classes[cls] = _Counts(self.max_k, self._step)
         return counts
+
+    def _targets(self, cls: str) -> tuple[_Counts, ...]:
+        counts = self._counts(cls)
+        return (self._global,) if counts is None else (counts, self._global)
 
     def _check(self, num_drafted: int, num_accepted: int) -> None:
         if not 0 <= num_drafted <= self.max_k:

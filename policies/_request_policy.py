@@ -1,12 +1,34 @@
 """Request policies: which class a request belongs to, its depth cap/floor, opt-out, and the policy file.
 
-Class of a request, first match wins:
-1. ``extra_args["peagle_class"]`` (vLLM ``SamplingParams.extra_args``, set by the client per request);
-2. the served model name, through the policy's ``model_classes`` mapping;
-3. the built-in prompt classifier `classify_prompt` ("code", "math" or "chat");
-4. ``default_class`` when there is no prompt text.
+The operator decides, a client may only ask for less. The *assigned* class of a request (`RequestPolicy.assign`),
+first match wins:
 
-Opt-out: ``extra_args["peagle_speculate"] = False`` gives the request depth 0.
+1. the served model name, through the policy's ``model_classes`` mapping;
+2. the built-in prompt classifier `classify_prompt` ("code", "math" or "chat");
+3. ``default_class`` when there is no prompt text (always so in the engine, which sees token ids only).
+
+A client may then name a class with ``extra_args["peagle_class"]`` (vLLM ``SamplingParams.extra_args``; the
+OpenAI server's ``vllm_xargs``). `RequestPolicy.classify` takes it only when all of these hold, else the request
+stays in its assigned class (the rule is `RequestPolicy.resolve`, a plain function of plain values):
+
+- the label is one of the classes clients may request (``clients.classes``; default: every class the policy knows,
+  `RequestPolicy.known_classes`): an unknown label never creates a class;
+- the named class's cap is not above the assigned class's cap, unless ``clients.raise_depth``;
+- the assigned class did not come from ``model_classes``, unless ``clients.override_model_classes``.
+
+Per-request limits a client can always set, both only lowering its depth: ``extra_args["peagle_speculate"] = False``
+(opt-out, depth 0) and ``extra_args["peagle_max_k"] = n`` (its own cap, `client_depth_cap`). Nothing a client sends
+raises a depth above its class's cap or the policy's ``max_k``.
+
+Example: with ``classes: {code: {max_k: 8}, chat: {max_k: 1}}``, ``default_class: chat``, a request in the engine
+labelled ``peagle_class: code`` stays in "chat" at depth <= 1; one labelled ``peagle_class: no-such-class`` too::
+
+    >>> caps = {"code": ClassPolicy(max_k=8), "chat": ClassPolicy(max_k=1)}
+    >>> policy = RequestPolicy(static_k=1, max_k=8, classes=caps)
+    >>> policy.classify({"peagle_class": "code"}), policy.classify({"peagle_class": "no-such-class"})
+    ('chat', 'chat')
+    >>> policy.classify({"peagle_class": "chat"}, assigned="code")  # lowering is allowed
+    'chat'
 
 Policy file (YAML or JSON, format version 1)::
 
@@ -21,8 +43,14 @@ Policy file (YAML or JSON, format version 1)::
     model_classes:
       my-coder: code
     controller: {hysteresis: 0.03, refresh_every: 16}
+    clients:                            # optional; what a request's own labels may do (defaults shown)
+      classes: null                     # classes a client may name (null: every known class)
+      raise_depth: false                # may a named class have a higher cap than the assigned one?
+      override_model_classes: false     # may a named class replace the model_classes assignment?
 
-Unknown keys are errors; every error names the key path and what was expected.
+Unknown keys are errors; every error names the key path and what was expected. A policy knows at most
+`MAX_CLASSES` classes (its ``classes``, ``default_class``, ``model_classes`` targets and the built-in
+`BUILTIN_CLASSES`), which bounds every per-class table downstream (estimator, statistics, Prometheus series).
 """
 
 from __future__ import annotations
@@ -37,35 +65,59 @@ from typing import Any
 
 import yaml
 
-from policies._controller import ControllerSettings, DepthController, RequestView
-from policies._estimator import AcceptanceEstimator
+from policies._batch import RequestView
+from policies._controller import DepthController
+from policies._estimator import MAX_CLASSES, AcceptanceEstimator
+from policies._files import load_json_text, load_yaml_text, read_text
+from policies._settings import ControllerSettings
 from policies._step_cost import StepCostModel
+from policies.errors import PolicyFileError
 
 __all__ = [
-    "ClassPolicy",
+    "BUILTIN_CLASSES",
+    "CLASS_KEY",
+    "DEFAULT_POLICY_CLASS",
+    "MAX_CLASSES",
     "MAX_K",
+    "MAX_K_KEY",
     "POLICY_FORMAT_VERSION",
+    "SPECULATE_KEY",
+    "ClassPolicy",
+    "ClientRules",
     "PolicyFile",
-    "PolicyFileError",
     "RequestPolicy",
     "classify_prompt",
+    "client_depth_cap",
     "load_policy",
 ]
 
 POLICY_FORMAT_VERSION = 1
 MAX_K = 16
-"""Deepest depth a policy may name (matches autotune.spec.MAX_K)."""
+"""Deepest draft depth (K) peagle-tune handles anywhere: policy files, search spaces, speculative configs."""
 
 CLASS_KEY = "peagle_class"
+"""``SamplingParams.extra_args`` key naming a request's workload class (set by the client or the middleware)."""
 SPECULATE_KEY = "peagle_speculate"
+"""``extra_args`` key that opts a request out of speculation when false."""
+MAX_K_KEY = "peagle_max_k"
+"""``extra_args`` key with the request's own depth cap (an integer in [0, MAX_K]; it can only lower the depth)."""
+BUILTIN_CLASSES: tuple[str, ...] = ("code", "math", "chat")
+"""The classes `classify_prompt` assigns; every policy knows them."""
+DEFAULT_POLICY_CLASS = "chat"
+"""A policy's ``default_class`` when the file names none."""
 
+# Every pattern runs in linear time on hostile text (no two adjacent quantifiers can match the same characters, and
+# scans are bounded): the API-server middleware runs the classifier on client prompts in its event loop. Before, 20 KB
+# of newlines took 16 s and 56 KB of "return " 1.9 s (quadratic backtracking).
 _CODE_PATTERNS = re.compile(
-    r"```|\bdef\s+\w+\s*\(|\bclass\s+\w+\s*[:(]|^\s*(?:from\s+[\w.]+\s+)?import\s+\w+|#include\s*<|"
-    r"\bfunction\s+\w*\s*\(|\breturn\b[^.\n]*;|=>|\bpublic\s+(?:static\s+)?\w+",
+    r"```|\bdef\s+\w+\s*\(|\bclass\s+\w+\s*[:(]|^[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import[ \t]+\w+|#include\s*<|"
+    r"\bfunction(?:[ \t]+\w+)?[ \t]*\(|\breturn\b[^.\n;]{0,200};|=>|\bpublic\s+(?:static\s+)?\w+",
     re.MULTILINE,
 )
 _CODE_CHARS = re.compile(r"[{};]")
-_MATH_EXPR = re.compile(r"\d\s*[-+*/^=×÷<>]\s*\(?\s*\d|\\frac|\\sqrt|\$[^$]+\$")
+_MATH_EXPR = re.compile(r"\d[ \t]*[-+*/^=×÷<>][ \t]*(?:\([ \t]*)?\d|\\frac|\\sqrt|\$[^$\n]{1,200}\$")
+_CLASSIFY_CHARS = 65536
+"""`classify_prompt` reads at most this many characters of a prompt (its start), so its cost is bounded."""
 _MATH_WORDS = re.compile(
     r"\b(?:how many|how much|calculate|compute|solve|what is the (?:sum|product|value|total)|total|percent|"
     r"equation|integral|derivative|probability)\b",
@@ -84,8 +136,9 @@ def classify_prompt(text: str) -> str:
     - chat: anything else.
 
     Examples: ``classify_prompt("def add(a, b):")`` -> "code"; ``classify_prompt("What is 12 * 7?")`` -> "math";
-    ``classify_prompt("Tell me about Paris")`` -> "chat".
+    ``classify_prompt("Tell me about Paris")`` -> "chat". Only the first 64 KiB are read; time is linear in them.
     """
+    text = text[:_CLASSIFY_CHARS]
     if _CODE_PATTERNS.search(text) or len(_CODE_CHARS.findall(text)) >= 3:
         return "code"
     if _MATH_EXPR.search(text):
@@ -93,10 +146,6 @@ def classify_prompt(text: str) -> str:
     if _NUMBER.search(text) and _MATH_WORDS.search(text):
         return "math"
     return "chat"
-
-
-class PolicyFileError(ValueError):
-    """A policy file (or dict) that breaks the format: the message names the file, the key path and the rule."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +164,56 @@ class ClassPolicy:
         return out
 
 
+def client_depth_cap(extra_args: Mapping[str, Any] | None) -> int | None:
+    """The depth cap a request set for itself with ``extra_args["peagle_max_k"]`` (None: it set none).
+
+    An integer in [0, `MAX_K`]; vLLM's OpenAI server delivers ``vllm_xargs`` values as str/int/float, so "2" and 2.0
+    count as 2. Anything else raises ValueError naming the key. The cap only ever lowers the request's depth.
+
+    Example: ``client_depth_cap({"peagle_max_k": "1"})`` -> 1; ``client_depth_cap({})`` -> None.
+    """
+    if not extra_args or MAX_K_KEY not in extra_args:
+        return None
+    value = extra_args[MAX_K_KEY]
+    depth: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        depth = value
+    elif isinstance(value, float) and value.is_integer():
+        depth = int(value)
+    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 3:
+        depth = int(value.strip())
+    if depth is None or not 0 <= depth <= MAX_K:
+        raise ValueError(f"extra_args[{MAX_K_KEY!r}] must be an integer in [0, {MAX_K}], but got {value!r:.40}.")
+    return depth
+
+
+@dataclass(frozen=True)
+class ClientRules:
+    """What a request's own ``peagle_class`` label may do (the ``clients`` section of a policy file).
+
+    The defaults let a client move only to a class no deeper than the one the operator assigned, and never away from
+    a ``model_classes`` assignment; opting out and ``peagle_max_k`` are always allowed (they only lower depth).
+    """
+
+    classes: tuple[str, ...] | None = None
+    """Classes a client may name (None: every class the policy knows). Each must be a known class."""
+    raise_depth: bool = False
+    """True: a named class may have a higher cap than the assigned class (trusted clients only)."""
+    override_model_classes: bool = False
+    """True: a named class may replace the class ``model_classes`` assigned to the served model name."""
+
+    def __post_init__(self) -> None:
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(self.classes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "classes": None if self.classes is None else list(self.classes),
+            "raise_depth": self.raise_depth,
+            "override_model_classes": self.override_model_classes,
+        }
+
+
 @dataclass(frozen=True)
 class RequestPolicy:
     """Per-request speculation policy: classes with caps/floors, model-name mapping, opt-out, controller tunables.
@@ -130,32 +229,74 @@ class RequestPolicy:
     classes: Mapping[str, ClassPolicy] = field(default_factory=dict)
     model_classes: Mapping[str, str] = field(default_factory=dict)
     """Served model name -> class (for deployments that serve one workload per model name)."""
-    default_class: str = "chat"
+    default_class: str = DEFAULT_POLICY_CLASS
     """Class when nothing else decides (no class argument, unmapped model name, no prompt text)."""
     model: str | None = None
     """The target model the policy was tuned for (informational)."""
     controller: ControllerSettings = field(default_factory=ControllerSettings)
+    clients: ClientRules = field(default_factory=ClientRules)
+    """What a request's own class label may do (see `ClientRules`)."""
+    known_classes: frozenset[str] = field(init=False, repr=False, compare=False)
+    """Every class a request can end up in: ``classes``, ``default_class``, ``model_classes`` targets and
+    `BUILTIN_CLASSES` (at most `MAX_CLASSES`)."""
+    requestable_classes: frozenset[str] = field(init=False, repr=False, compare=False)
+    """The classes a client may name (``clients.classes``, else `known_classes`)."""
 
     def __post_init__(self) -> None:
         # Same checks as the file format, so a policy built in code is as valid as one loaded from disk.
         _validate(self.to_dict(), source="RequestPolicy")
+        known = frozenset({*BUILTIN_CLASSES, self.default_class, *self.classes, *self.model_classes.values()})
+        object.__setattr__(self, "known_classes", known)
+        requestable = known if self.clients.classes is None else frozenset(self.clients.classes)
+        object.__setattr__(self, "requestable_classes", requestable)
 
     # ---- per request ------------------------------------------------------------------------------------------------
-    def classify(
-        self, extra_args: Mapping[str, Any] | None = None, model_name: str | None = None, prompt: str | None = None
-    ) -> str:
-        """The request's class (see the module docstring for the order of rules)."""
-        if extra_args:
-            cls = extra_args.get(CLASS_KEY)
-            if cls is not None:
-                if not isinstance(cls, str) or not cls:
-                    raise ValueError(f"extra_args[{CLASS_KEY!r}] must be a non-empty string, but got {cls!r}.")
-                return cls
+    def assign(self, model_name: str | None = None, prompt: str | None = None) -> str:
+        """The operator's class for a request: ``model_classes[model_name]``, else `classify_prompt`, else
+        ``default_class`` (see the module docstring)."""
         if model_name is not None and model_name in self.model_classes:
             return self.model_classes[model_name]
         if prompt:
             return classify_prompt(prompt)
         return self.default_class
+
+    def resolve(self, requested: Any, assigned: str, *, by_model: bool = False) -> str:
+        """The class of a request the operator assigned to ``assigned`` whose client named ``requested`` (any value,
+        as it arrived; None: no label). ``by_model``: ``assigned`` came from ``model_classes``.
+
+        ``requested`` is taken only if it is a class clients may request, is not deeper than ``assigned`` (unless
+        ``clients.raise_depth``) and ``assigned`` is not a model-name assignment (unless
+        ``clients.override_model_classes``); otherwise the request stays in ``assigned``. Never raises.
+
+        Example (``code`` capped at 8, ``chat`` at 1): ``resolve("code", "chat")`` -> "chat" (would raise the cap);
+        ``resolve("chat", "code")`` -> "chat" (lowers it); ``resolve(12, "chat")`` -> "chat" (not a label).
+        """
+        if requested is None or requested == assigned or not isinstance(requested, str):
+            return assigned
+        rules = self.clients
+        if requested not in self.requestable_classes:
+            return assigned
+        if by_model and not rules.override_model_classes:
+            return assigned
+        if not rules.raise_depth and self.limits(requested)[1] > self.limits(assigned)[1]:
+            return assigned
+        return requested
+
+    def classify(
+        self,
+        extra_args: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
+        prompt: str | None = None,
+        *,
+        assigned: str | None = None,
+    ) -> str:
+        """The request's class: `assign` (or the trusted ``assigned`` class, e.g. one the API-server middleware
+        stamped), then the client's ``peagle_class`` label through `resolve`."""
+        by_model = False
+        if assigned is None:
+            by_model = model_name is not None and model_name in self.model_classes
+            assigned = self.assign(model_name, prompt)
+        return self.resolve((extra_args or {}).get(CLASS_KEY), assigned, by_model=by_model)
 
     def speculate(self, extra_args: Mapping[str, Any] | None = None) -> bool:
         """False when the request opted out with ``extra_args["peagle_speculate"] = False``."""
@@ -180,10 +321,20 @@ class RequestPolicy:
         extra_args: Mapping[str, Any] | None = None,
         model_name: str | None = None,
         prompt: str | None = None,
+        *,
+        assigned: str | None = None,
     ) -> RequestView:
-        """The controller's view of a request: class, cap, floor and opt-out."""
-        cls = self.classify(extra_args, model_name, prompt)
+        """The controller's view of a request: class (`classify`), cap (the class's, lowered by the request's own
+        ``peagle_max_k``), floor (at most the cap) and opt-out. ``assigned``: a trusted class for the request (the
+        simulator's ground truth, the middleware's verified stamp), used as given.
+
+        Raises ValueError when ``peagle_speculate`` or ``peagle_max_k`` has a value that is not a flag / a depth.
+        """
+        cls = self.classify(extra_args, model_name, prompt, assigned=assigned)
         floor, cap = self.limits(cls)
+        own = client_depth_cap(extra_args)
+        if own is not None and own < cap:
+            cap, floor = own, min(floor, own)
         return RequestView(request_id, cls, max_k=cap, min_k=floor, speculate=self.speculate(extra_args))
 
     # ---- building the runtime pieces --------------------------------------------------------------------------------
@@ -193,8 +344,8 @@ class RequestPolicy:
 
     # ---- (de)serialising --------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The policy-file form (format version 1)."""
-        return {
+        """The policy-file form (format version 1); ``clients`` only when it differs from the defaults."""
+        out = {
             "version": POLICY_FORMAT_VERSION,
             "model": self.model,
             "static_k": self.static_k,
@@ -204,6 +355,9 @@ class RequestPolicy:
             "model_classes": dict(self.model_classes),
             "controller": self.controller.to_dict(),
         }
+        if self.clients != ClientRules():
+            out["clients"] = self.clients.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "policy") -> RequestPolicy:
@@ -218,9 +372,10 @@ class RequestPolicy:
             max_k=data["max_k"],
             classes=classes,
             model_classes=dict(data.get("model_classes") or {}),
-            default_class=data.get("default_class", "chat"),
+            default_class=data.get("default_class", DEFAULT_POLICY_CLASS),
             model=data.get("model"),
             controller=ControllerSettings(**(data.get("controller") or {})),
+            clients=ClientRules(**(data.get("clients") or {})),
         )
 
 
@@ -230,12 +385,9 @@ class PolicyFile:
     @staticmethod
     def load(path: str | Path) -> RequestPolicy:
         p = Path(path)
+        text = read_text(p, PolicyFileError, "policy file")
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyFileError(f"{p}: cannot read the policy file ({exc.strerror or exc}).") from exc
-        try:
-            data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+            data = load_json_text(text) if p.suffix.lower() == ".json" else load_yaml_text(text)
         except (json.JSONDecodeError, yaml.YAMLError) as exc:
             raise PolicyFileError(f"{p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {exc}") from exc
         return RequestPolicy.from_dict(data, source=str(p))
@@ -258,7 +410,10 @@ def load_policy(path: str | Path) -> RequestPolicy:
 
 
 # ---- validation ---------------------------------------------------------------------------------------------
-_TOP_KEYS = {"version", "model", "static_k", "max_k", "default_class", "classes", "model_classes", "controller"}
+_TOP_KEYS = {
+    "version", "model", "static_k", "max_k", "default_class", "classes", "model_classes", "controller", "clients",
+}
+_CLIENT_KEYS = {"classes", "raise_depth", "override_model_classes"}
 _CLASS_KEYS = {"max_k", "min_k"}
 _CONTROLLER_TYPES: dict[str, str] = {
     "hysteresis": "float",
@@ -276,7 +431,7 @@ _CONTROLLER_TYPES: dict[str, str] = {
 
 def _validate(data: Any, source: str) -> None:
     def fail(path: str, rule: str, value: Any) -> None:
-        raise PolicyFileError(f"{source}: {path}: {rule}, got {value!r}.")
+        raise PolicyFileError(f"{source}: {path}: {rule}, got {value!r:.80}.")
 
     def integer(path: str, value: Any, lo: int, hi: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -306,7 +461,7 @@ def _validate(data: Any, source: str) -> None:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         fail("model", "must be a string or null", model)
-    default = data.get("default_class", "chat")
+    default = data.get("default_class", DEFAULT_POLICY_CLASS)
     if not isinstance(default, str) or not default:
         fail("default_class", "must be a non-empty string", default)
     classes = data.get("classes") or {}
@@ -329,6 +484,27 @@ def _validate(data: Any, source: str) -> None:
     for served, cls in model_classes.items():
         if not isinstance(cls, str) or not cls:
             fail(f"model_classes.{served}", "must be a non-empty class name string", cls)
+    known = {*BUILTIN_CLASSES, default, *classes, *model_classes.values()}
+    if len(known) > MAX_CLASSES:
+        raise PolicyFileError(
+            f"{source}: classes: a policy may know at most {MAX_CLASSES} classes (classes, default_class, "
+            f"model_classes targets and the built-in {list(BUILTIN_CLASSES)}), but this one knows {len(known)}. "
+            "Merge classes that share caps."
+        )
+    clients = data.get("clients") or {}
+    if not isinstance(clients, Mapping):
+        fail("clients", "must be a mapping with optional keys classes, raise_depth, override_model_classes", clients)
+    unknown("clients", clients, _CLIENT_KEYS)
+    for key in ("raise_depth", "override_model_classes"):
+        if key in clients and not isinstance(clients[key], bool):
+            fail(f"clients.{key}", "must be true or false", clients[key])
+    requestable = clients.get("classes")
+    if requestable is not None:
+        if isinstance(requestable, str) or not isinstance(requestable, list | tuple):
+            fail("clients.classes", "must be a list of class names or null (every known class)", requestable)
+        strange = [c for c in requestable if c not in known]
+        if strange:
+            fail("clients.classes", f"must name classes the policy knows ({sorted(known)})", strange)
     controller = data.get("controller") or {}
     if not isinstance(controller, Mapping):
         fail("controller", "must be a mapping of controller settings", controller)

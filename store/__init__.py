@@ -6,6 +6,7 @@ in the same database (``optuna.create_study(storage=store.url)``). Configs and m
 
 from __future__ import annotations
 
+from store._errors import database_error
 from store._migrate import head_revision
 from store._records import (
     DrafterRecord,
@@ -17,9 +18,13 @@ from store._records import (
     TrialRecord,
     WorkloadRecord,
 )
-from store._store import Store, default_direction, upgrade
+from store._store import Store, upgrade
+from store._studies import Direction
 from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
 from store.exceptions import (
+    DatabaseCorruptError,
+    DatabaseFullError,
+    DatabaseLockedError,
     DatabaseUnavailableError,
     InvalidRecordError,
     NotFoundError,
@@ -29,7 +34,11 @@ from store.exceptions import (
 
 __all__ = [
     "DB_ENV_VAR",
+    "DatabaseCorruptError",
+    "DatabaseFullError",
+    "DatabaseLockedError",
     "DatabaseUnavailableError",
+    "Direction",
     "DrafterRecord",
     "EnvironmentRecord",
     "InvalidRecordError",
@@ -43,8 +52,8 @@ __all__ = [
     "StudySummary",
     "TrialRecord",
     "WorkloadRecord",
+    "database_error",
     "default_db_url",
-    "default_direction",
     "head_revision",
     "mask_password",
     "normalize_db_url",

@@ -174,7 +174,7 @@ class StudySummary(_Record):
     n_pruned: int
     n_running: int
     best_values: dict[str, float]
-    """Best value per objective over complete trials (max or min per the direction used)."""
+    """Best value over complete trials of each objective the caller gave a direction (max or min per it)."""
     best_trial_numbers: dict[str, int]
     """Trial number that reached `best_values[objective]` (the earliest one on ties)."""
     first_created_at: dt.datetime

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import platformdirs
 from sqlalchemy.engine import URL, make_url
@@ -16,6 +19,8 @@ DB_ENV_VAR = "PEAGLE_DB"
 #: File name of the default SQLite database inside the user data directory.
 DEFAULT_DB_FILENAME = "peagle.db"
 APP_NAME = "peagle-tune"
+#: Longest wait for another writer's lock a URL may ask for (``?timeout=``), in seconds: one hour.
+MAX_LOCK_TIMEOUT_S = 3600.0
 
 
 def normalize_db_url(url_or_path: str) -> str:
@@ -46,7 +51,13 @@ def default_db_url() -> str:
     if override is not None and override.strip():
         return normalize_db_url(override)
     data_dir = Path(platformdirs.user_data_dir(APP_NAME))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailableError(
+            f"Cannot create {data_dir}, the folder of the default database ({exc.strerror or exc}). Choose a "
+            f"database with --db or {DB_ENV_VAR} (a file path or a SQLAlchemy URL)."
+        ) from exc
     return f"sqlite:///{data_dir / DEFAULT_DB_FILENAME}"
 
 
@@ -82,3 +93,84 @@ def is_sqlite_memory(url: URL) -> bool:
         return False
     database = url.database or ""
     return database in ("", ":memory:") or "mode=memory" in database or url.query.get("mode") == "memory"
+
+
+#: Query keys of a ``sqlite:///`` URL that SQLite itself reads (https://sqlite.org/uri.html); we always open SQLite
+#: files through a URI, so they work without SQLAlchemy's ``uri=true``.
+SQLITE_URI_PARAMS = frozenset({"mode", "immutable", "cache", "nolock", "vfs", "psow"})
+#: Further query keys we accept: ``uri`` (ignored: always on) and ``timeout`` (seconds to wait for a lock).
+SQLITE_URL_KEYS = SQLITE_URI_PARAMS | {"uri", "timeout"}
+_TRUE = ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class SqliteFile:
+    """A SQLite database file named by a URL: its absolute path and the options its query string gives."""
+
+    path: Path
+    params: dict[str, str] = field(default_factory=dict)
+    """SQLite URI parameters from the query (``mode``, ``immutable``, ...), in the order given."""
+    timeout_s: float | None = None
+    """``?timeout=`` in seconds: how long to wait for another writer's lock (None: the store's default)."""
+
+    @property
+    def read_only_requested(self) -> str | None:
+        """Why the URL asks for read-only access (``?mode=ro``, ``?immutable=1``), or None."""
+        if self.params.get("mode") == "ro":
+            return "the URL asks for it with ?mode=ro"
+        if self.params.get("immutable", "").lower() in _TRUE:
+            return "the URL marks it immutable=1"
+        return None
+
+    def uri(self, **extra: str) -> str:
+        """The ``file:`` URI SQLite opens: the path percent-encoded, then the URL's parameters and `extra`."""
+        params = {**self.params, **extra}
+        query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in params.items())
+        return f"file:{quote(str(self.path))}" + (f"?{query}" if query else "")
+
+
+def sqlite_file(url: URL) -> SqliteFile | None:
+    """The SQLite file `url` names (None for other databases and in-memory SQLite).
+
+    Accepts both ``sqlite:////abs/peagle.db?mode=ro`` and SQLAlchemy's ``sqlite:///file:/abs/peagle.db?mode=ro&uri=true``
+    spelling. An unknown query key raises `DatabaseUnavailableError` rather than being ignored (SQLAlchemy ignores
+    ``?mode=ro`` without ``uri=true``, so a read-only request would silently open the file for writing).
+    """
+    if url.get_backend_name() != "sqlite" or is_sqlite_memory(url):
+        return None
+    unknown = sorted(set(url.query) - SQLITE_URL_KEYS)
+    if unknown:
+        raise DatabaseUnavailableError(
+            f"The SQLite URL {mask_password(url)} has unknown option(s) {unknown!r:.80}; SQLite URLs take "
+            "mode=ro|rw|rwc, immutable=1, cache=shared|private, nolock=1, vfs=NAME, psow=0|1 and timeout=SECONDS."
+        )
+    params = {k: _single(url, k) for k in url.query if k in SQLITE_URI_PARAMS}
+    mode = params.get("mode")
+    if mode is not None and mode not in ("ro", "rw", "rwc"):
+        hint = " (in-memory databases keep nothing: use a file)" if mode == "memory" else ""
+        raise DatabaseUnavailableError(
+            f"The SQLite URL {mask_password(url)} has mode={mode!r:.40}; use mode=ro (read only), rw or rwc{hint}."
+        )
+    timeout_s = None
+    if "timeout" in url.query:
+        text = _single(url, "timeout")
+        try:
+            timeout_s = float(text)
+        except ValueError:
+            timeout_s = math.nan
+        if not (math.isfinite(timeout_s) and 0 <= timeout_s <= MAX_LOCK_TIMEOUT_S):
+            raise DatabaseUnavailableError(
+                f"The SQLite URL {mask_password(url)} has timeout={text!r:.40}; give the seconds to wait for a lock, "
+                f"from 0 to {MAX_LOCK_TIMEOUT_S:g}."
+            )
+    database = url.database or ""
+    if database.startswith("file:"):
+        database = unquote(database.removeprefix("file:").split("?", 1)[0])
+    return SqliteFile(Path(database).expanduser().resolve(), params, timeout_s)
+
+
+def _single(url: URL, key: str) -> str:
+    value = url.query[key]
+    if isinstance(value, tuple):
+        raise DatabaseUnavailableError(f"The database URL {mask_password(url)} gives {key!r} more than once.")
+    return str(value)

@@ -1,7 +1,7 @@
 """Errors the store raises. `StoreError` is the root; the CLI turns them into messages.
 
 `store` depends on nothing else of peagle-tune, so `StoreError` does not derive from `autotune`'s `PeagleError`;
-the CLI catches both roots. SQLAlchemy errors are translated in one place (`Store._session`), never leaked.
+the CLI catches both roots. SQLAlchemy errors are translated in one place (`Store._translated`), never leaked.
 """
 
 from __future__ import annotations
@@ -29,3 +29,15 @@ class DatabaseUnavailableError(StoreError):
 
 class InvalidRecordError(StoreError, ValueError):
     """A value passed to the store breaks a rule of the schema (unknown status, NaN in JSON, malformed acceptance)."""
+
+
+class DatabaseLockedError(DatabaseUnavailableError):
+    """Another process held the database's write lock for longer than this store waits (30 s by default)."""
+
+
+class DatabaseCorruptError(DatabaseUnavailableError):
+    """The database file is damaged (SQLite: "database disk image is malformed"); the message says how to recover."""
+
+
+class DatabaseFullError(DatabaseUnavailableError):
+    """The disk holding the database is full; the write was rolled back whole (nothing of it was stored)."""

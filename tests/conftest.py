@@ -2,7 +2,7 @@
 
 vLLM 0.32 runs a draft_model drafter whose path contains "eagle-" as EAGLE, and a checkout is often named
 `peagle-tune`: the engine tests then reach the fixture models through a neutral symlink (PEAGLE_TEST_MODELS), as the
-product does for users (autotune/backends/_paths.py).
+product does for users (autotune/engine/_drafters.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autotune.backends._paths import hijacking_substring, safe_draft_model_path
+from autotune.engine import hijacking_substring, safe_draft_model_path
 
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

@@ -1,4 +1,5 @@
-"""The roofline's pure functions (autotune.backends._roofline): derivations checked on small, hand-built specs."""
+"""The roofline's pure functions (autotune.backends._roofline, _drafter_cost, _step): derivations checked on small,
+hand-built specs."""
 
 from __future__ import annotations
 
@@ -7,17 +8,16 @@ import dataclasses
 import numpy as np
 import pytest
 
+from autotune.backends._drafter_cost import draft_cost
 from autotune.backends._roofline import (
-    Calibration,
     RooflineParams,
     attention_flops_per_token,
-    draft_cost,
     expected_distinct_experts,
-    fit_calibration,
-    memory_budget,
-    step_time,
+    routed_tokens,
+    target_pass,
     tensor_tflops,
 )
+from autotune.backends._step import Calibration, fit_calibration, memory_budget, step_time
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import UsageError
 
@@ -33,15 +33,20 @@ GPU = GPUSpec(
     fp4_tflops=None,
     source="test",
 )
-# Efficiencies 1 and no overheads, so times are bytes / bandwidth and FLOPs / rate exactly.
+# Efficiencies 1, no overheads, no sampler traffic, independent routing: times are bytes / bandwidth and
+# FLOPs / rate exactly.
 IDEAL = RooflineParams(
     bandwidth_efficiency=1.0,
     compute_efficiency=1.0,
+    moe_compute_efficiency=1.0,
     step_overhead_ms=0.0,
+    request_overhead_ms=0.0,
     layer_overhead_ms=0.0,
     moe_layer_overhead_ms=0.0,
     spec_step_overhead_ms=0.0,
     draft_pass_overhead_ms=0.0,
+    routing_locality=0.0,
+    sampler_bytes_per_logit=0.0,
 )
 
 
@@ -183,7 +188,7 @@ def test_sliding_window_layers_see_at_most_the_window() -> None:
     assert attention_flops_per_token(dense(), 10_000) == pytest.approx(400e6)
 
 
-def test_step_time_is_the_roofline_max_plus_overheads() -> None:
+def test_step_time_is_the_roofline_of_each_component_plus_overheads() -> None:
     # Dense, B=1, no context: 2 GB / 1000 GB/s = 2 ms memory; 2 * 1.0 B FLOPs / 100 TFLOP/s = 0.02 ms compute.
     model = dense()
     st = step_time(model, GPU, 1, params=IDEAL, context_tokens=0)
@@ -191,13 +196,31 @@ def test_step_time_is_the_roofline_max_plus_overheads() -> None:
     assert st.verify.compute_ms == pytest.approx(0.02)
     assert st.bound == "memory"
     assert st.total_ms == pytest.approx(2.0)
-    # With default-like overheads: + step 0.5 + 10 layers * 0.015 (dense: no MoE term).
-    params = dataclasses.replace(IDEAL, step_overhead_ms=0.5, layer_overhead_ms=0.015, moe_layer_overhead_ms=0.03)
-    assert step_time(model, GPU, 1, params=params, context_tokens=0).total_ms == pytest.approx(2.0 + 0.5 + 0.15)
+    # With overheads: + step 0.5 + 1 request * 0.01 + 10 layers * 0.015 (dense: no MoE term).
+    params = dataclasses.replace(
+        IDEAL, step_overhead_ms=0.5, request_overhead_ms=0.01, layer_overhead_ms=0.015, moe_layer_overhead_ms=0.03
+    )
+    assert step_time(model, GPU, 1, params=params, context_tokens=0).total_ms == pytest.approx(2.0 + 0.5 + 0.01 + 0.15)
     # B=1000: compute 2 * 1e9 * 1000 / 1e14 = 20 ms > memory 2 ms.
     big = step_time(model, GPU, 1000, params=IDEAL, context_tokens=0)
     assert big.bound == "compute"
     assert big.total_ms == pytest.approx(20.0)
+
+
+def test_components_do_not_hide_each_other() -> None:
+    # A compute-bound weight GEMM does not hide the KV read of attention (another kernel): B=1000, context 1000:
+    # weights 20 ms compute; KV 1000 requests * 10 MB = 10 GB -> 10 ms of memory; attention FLOPs
+    # 1000 tokens * 4 * 8 * 125 * 1000 * 10 layers = 0.4 TFLOP -> 4 ms, below its 10 ms of KV.
+    st = step_time(dense(), GPU, 1000, params=IDEAL, context_tokens=1000)
+    assert st.verify.busy_ms == pytest.approx(20.0 + 10.0)
+
+
+def test_sampler_moves_the_logits_of_every_verified_token() -> None:
+    # 12 B per logit: B=4, K=3 -> 16 tokens * 100k vocab * 12 B = 19.2 MB = 0.0192 ms at 1000 GB/s.
+    params = dataclasses.replace(IDEAL, sampler_bytes_per_logit=12.0)
+    with_sampler = target_pass(dense(), GPU, 16, 4, 0, params).busy_ms
+    without = target_pass(dense(), GPU, 16, 4, 0, IDEAL).busy_ms
+    assert with_sampler - without == pytest.approx(0.0192)
 
 
 def test_efficiencies_divide_the_datasheet_rates() -> None:
@@ -205,6 +228,31 @@ def test_efficiencies_divide_the_datasheet_rates() -> None:
     st = step_time(dense(), GPU, 1, params=params, context_tokens=0)
     assert st.verify.memory_ms == pytest.approx(2.0 / 0.8)
     assert st.verify.compute_ms == pytest.approx(0.02 / 0.5)
+
+
+def test_moe_grouped_gemms_turn_compute_bound_when_tokens_share_experts() -> None:
+    # toy MoE: 64 experts of 1 M params (1 B each) x 10 layers, top-2; tile 16 rows; MoE at 10% of the 200 TFLOP/s
+    # fp8 rate = 20 TFLOP/s. 8 tokens: 7.5 experts, one padded tile each -> 7.5 * 16 rows * 2 * 1 M * 10
+    # = 2.4 GFLOP (0.12 ms) against 75 MB of experts (0.075 ms): the tile padding already shows. 1000 tokens: all
+    # 64 experts, 2000 rows + 64 * 8 padding = 2512 rows -> 50 GFLOP = 2.5 ms against 0.64 ms of weights.
+    params = dataclasses.replace(IDEAL, moe_compute_efficiency=0.1, moe_tile_rows=16)
+    model = moe()
+    few = target_pass(model, GPU, 8, 8, 0, params)
+    experts = expected_distinct_experts(64, 2, 8)
+    assert few.flops - 2 * 8 * 0.1e9 == pytest.approx(2 * 10 * experts * 16 * 1e6)
+    many = target_pass(model, GPU, 1000, 1000, 0, params)
+    moe_ms = 2 * 10 * (2000 + 64 * 8) * 1e6 / 20e12 * 1e3
+    assert moe_ms == pytest.approx(2.512)
+    assert many.compute_bound_ms == pytest.approx(moe_ms + 2 * 1000 * 0.1e9 / 100e12 * 1e3)
+
+
+def test_tokens_of_one_request_route_alike() -> None:
+    # B requests verifying K drafts route like B * (1 + K * (1 - locality)) independent tokens; K = 0 is B exactly.
+    assert routed_tokens(8, 0, 0.45) == 8
+    assert routed_tokens(1, 7, 0.3) == pytest.approx(5.9)
+    params = dataclasses.replace(IDEAL, routing_locality=0.5)
+    st = step_time(moe(), GPU, 1, 4, drafter(), True, 0, params)  # 5 tokens route like 3
+    assert st.verify.weight_bytes == pytest.approx(0.2e9 + 10 * expected_distinct_experts(64, 2, 3.0) * 1e6)
 
 
 def test_weight_format_picks_the_tensor_rate() -> None:
@@ -243,14 +291,31 @@ def test_parallel_drafting_is_one_pass_whatever_k_and_sequential_is_k_passes() -
 
 
 def test_drafter_lm_head_over_a_large_vocab_is_priced() -> None:
-    # The LM head is vocab * h = 100k * 1000 = 0.1 B params, four times the head's 2 layers of 12 * h^2 = 24 M.
+    # The LM head is vocab * h = 100k * 1000 = 0.1 B params, three times the head's 2 layers of 16 * h^2 = 32 M.
     small_vocab = dense(vocab_size=1000)
     params = RooflineParams()
     big = draft_cost(drafter(), dense(), GPU, 1, 3, True, 0, params).cost.weight_bytes
     small = draft_cost(drafter(), small_vocab, GPU, 1, 3, True, 0, params).cost.weight_bytes
-    # (2 * 12 M layers + 3 M fusion + 100 M head) * 2 B vs (24 M + 3 M + 1 M) * 2 B.
-    assert big == pytest.approx((24e6 + 3e6 + 100e6) * 2)
-    assert small == pytest.approx((24e6 + 3e6 + 1e6) * 2)
+    # (2 * 16 M layers + 3 M fusion + 100 M head) * 2 B vs (32 M + 3 M + 1 M) * 2 B.
+    assert big == pytest.approx((32e6 + 3e6 + 100e6) * 2)
+    assert small == pytest.approx((32e6 + 3e6 + 1e6) * 2)
+    # A reduced ("hot") draft vocabulary of 10k rows: (32 M + 3 M + 10 M) * 2 B.
+    hot = draft_cost(drafter(draft_vocab_size=10_000), dense(), GPU, 1, 3, True, 0, params).cost.weight_bytes
+    assert hot == pytest.approx((32e6 + 3e6 + 10e6) * 2)
+
+
+def test_drafting_rows_follow_vllm_sequential_and_parallel_layouts() -> None:
+    # B=2, K=3, 2 layers of 16 M (h=1000), fusion 3 M, LM head 100 M, no context.
+    # Parallel: one pass over B(K+1) + B(K-1) = 12 rows, fusion on the 8 verified rows, LM head at B*K = 6 rows.
+    # Sequential: a pass over 8 rows (fusion on all 8, LM head at 2 rows), then 2 passes over 2 rows.
+    head, model = drafter(), dense()
+    parallel = draft_cost(head, model, GPU, 2, 3, True, 0, IDEAL).cost
+    assert parallel.flops == pytest.approx(2 * 12 * 32e6 + 2 * 8 * 3e6 + 2 * 6 * 100e6)
+    sequential = draft_cost(head, model, GPU, 2, 3, False, 0, IDEAL).cost
+    first = 2 * 8 * 32e6 + 2 * 8 * 3e6 + 2 * 2 * 100e6
+    rest = 2 * 2 * 32e6 + 2 * 2 * 100e6
+    assert sequential.flops == pytest.approx(first + 2 * rest)
+    assert sequential.passes == 3 and parallel.passes == 1
 
 
 def test_k_needs_a_drafter() -> None:
@@ -262,15 +327,15 @@ def test_k_needs_a_drafter() -> None:
 
 
 def test_memory_budget_counts_weights_drafter_and_kv() -> None:
-    # usable = 0.9 * 80 - 2 = 70 GB; weights 1.1 B * 2 B = 2.2 GB; head stored = (24 M + 3 M + 100 M LM head
-    # + 100 M embedding) * 2 B = 0.454 GB; KV per request at 100 + 3 + 1 tokens: 1000 B * (10 + 2 head layers)
+    # usable = 0.9 * 80 - 2 = 70 GB; weights 1.1 B * 2 B = 2.2 GB; head stored = (32 M + 3 M + 100 M LM head
+    # + 100 M embedding) * 2 B = 0.47 GB; KV per request at 100 + 3 + 1 tokens: 1000 B * (10 + 2 head layers)
     # * 104 = 1.248 MB.
     budget = memory_budget(dense(), GPU, 100, drafter(), 3)
     assert budget.usable_gb == pytest.approx(70.0)
     assert budget.weights_gb == pytest.approx(2.2)
-    assert budget.drafter_gb == pytest.approx(0.454)
+    assert budget.drafter_gb == pytest.approx(0.47)
     assert budget.kv_gb_per_request == pytest.approx(1.248e-3)
-    assert budget.max_requests == int((70.0 - 2.2 - 0.454) / 1.248e-3)
+    assert budget.max_requests == int((70.0 - 2.2 - 0.47) / 1.248e-3)
     # No speculation: no drafter in memory.
     assert memory_budget(dense(), GPU, 100, drafter(), 0).drafter_gb == 0.0
 
@@ -315,3 +380,5 @@ def test_identity_calibration_changes_nothing() -> None:
 def test_params_reject_impossible_fractions() -> None:
     with pytest.raises(UsageError, match="bandwidth_efficiency"):
         RooflineParams(bandwidth_efficiency=1.5)
+    with pytest.raises(UsageError, match="routing_locality"):
+        RooflineParams(routing_locality=1.0)

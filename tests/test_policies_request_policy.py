@@ -1,21 +1,27 @@
-"""Request policies: classification order, caps/floors/opt-out, and the policy file (round trip, broken files)."""
+"""Request policies: classification order, what a client label may do, caps/floors/opt-out, and the policy file
+(round trip, broken files)."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from policies import (
+    MAX_CLASSES,
     AcceptanceEstimator,
     ClassPolicy,
+    ClientRules,
     ControllerSettings,
     PolicyFile,
     PolicyFileError,
     RequestPolicy,
     StepCostModel,
     classify_prompt,
+    client_depth_cap,
     load_policy,
 )
 
@@ -49,15 +55,85 @@ def test_builtin_classifier(prompt: str, expected: str) -> None:
     assert classify_prompt(prompt) == expected
 
 
-def test_classification_order_extra_args_then_model_then_prompt_then_default() -> None:
+def test_the_operator_assigns_by_model_name_then_prompt_then_default() -> None:
     code_prompt = "def f(x):\n    return x"
-    assert POLICY.classify({"peagle_class": "legal"}, "my-coder", code_prompt) == "legal"
     assert POLICY.classify({}, "my-coder", "Tell me a story") == "code"
     assert POLICY.classify(None, "other-model", code_prompt) == "code"
     assert POLICY.classify(None, "other-model", "Tell me a story") == "chat"
-    assert POLICY.classify(None, None, None) == "chat"  # default_class
-    with pytest.raises(ValueError, match="peagle_class"):
-        POLICY.classify({"peagle_class": 3})
+    assert POLICY.classify(None, None, None) == "chat"  # default_class (the engine: no model name, no prompt)
+
+
+# POLICY: code capped at 8 (floor 2), chat at 4, math unlisted (the policy's max_k, 8); my-coder -> code.
+@pytest.mark.parametrize(
+    ("requested", "model", "prompt", "expected"),
+    [
+        ("code", None, None, "chat"),  # would raise chat's cap 4 to 8
+        ("math", None, None, "chat"),  # idem (an unlisted class has the policy's max_k)
+        ("chat", "my-coder", None, "code"),  # a model_classes assignment is not the client's to replace
+        ("legal", "my-coder", None, "code"),  # unknown label
+        ("chat", None, "def f(x): pass", "chat"),  # prompt classified "code" (cap 8): lowering to chat (4) is allowed
+        ("math", None, "def f(x): pass", "math"),  # same cap as code: allowed
+        ("chat", None, None, "chat"),
+    ],
+)
+def test_a_client_label_may_lower_the_cap_never_raise_it(requested: str, model: str | None, prompt: str | None,
+                                                         expected: str) -> None:
+    assert POLICY.classify({"peagle_class": requested}, model, prompt) == expected
+
+
+@pytest.mark.parametrize("label", [3, 2.5, "", "no-such-class", "x" * 10_000, ["code"], {"a": 1}, True, "code\n"])
+def test_unknown_or_malformed_labels_stay_in_the_assigned_class(label: Any) -> None:
+    assert POLICY.classify({"peagle_class": label}) == "chat"
+    assert POLICY.classify({"peagle_class": label}, "my-coder") == "code"
+    assert POLICY.view("r", {"peagle_class": label}).max_k == 4
+
+
+def test_trusted_assignment_is_used_as_given_and_then_only_lowered() -> None:
+    assert POLICY.classify(None, assigned="code") == "code"
+    assert POLICY.classify({"peagle_class": "chat"}, assigned="code") == "chat"
+    assert POLICY.classify({"peagle_class": "code"}, assigned="chat") == "chat"
+    assert POLICY.classify(None, assigned="simulated-class") == "simulated-class"  # e.g. the simulator's ground truth
+
+
+def test_the_policy_can_let_clients_raise_their_depth_or_replace_the_model_class() -> None:
+    trusting = RequestPolicy(
+        static_k=5, max_k=8, classes=POLICY.classes, model_classes={"my-coder": "code"}, default_class="chat",
+        clients=ClientRules(raise_depth=True, override_model_classes=True),
+    )
+    assert trusting.classify({"peagle_class": "code"}) == "code"
+    assert trusting.classify({"peagle_class": "chat"}, "my-coder") == "chat"
+    assert trusting.classify({"peagle_class": "legal"}) == "chat"  # still only known classes
+    narrow = RequestPolicy(static_k=5, max_k=8, classes=POLICY.classes, clients=ClientRules(classes=("chat",),
+                                                                                             raise_depth=True))
+    assert narrow.classify({"peagle_class": "code"}) == "chat"  # not requestable
+    assert narrow.classify({"peagle_class": "chat"}, prompt="def f(x): pass") == "chat"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, None), (0, 0), (3, 3), (2.0, 2), ("1", 1), (" 16 ", 16)]
+)
+def test_a_client_may_cap_its_own_depth(value: Any, expected: int | None) -> None:
+    extra = {} if value is None else {"peagle_max_k": value}
+    assert client_depth_cap(extra) == expected
+    view = POLICY.view("r", extra, prompt="def f(x): pass")  # code: floor 2, cap 8
+    assert view.max_k == (8 if expected is None else min(8, expected))
+    assert view.min_k == min(2, view.max_k)
+
+
+@pytest.mark.parametrize("value", [-1, 17, 1.5, "two", "", True, [1], "9" * 5000])
+def test_an_unreadable_own_cap_is_rejected_by_name(value: Any) -> None:
+    with pytest.raises(ValueError, match="peagle_max_k"):
+        client_depth_cap({"peagle_max_k": value})
+
+
+def test_the_builtin_classifier_is_linear_on_hostile_prompts() -> None:
+    # Before: 20 KB of newlines took 16 s, 56 KB of "return " 1.9 s (quadratic backtracking). Now 1 MB of each
+    # (64 KiB read) runs in a few ms; 1 s leaves a wide margin on a loaded CI machine.
+    for text in ("\n" * 1_000_000, " \n" * 500_000, "return " * 150_000, "1+" + " " * 1_000_000,
+                 "function" + " " * 1_000_000, "$" + "a" * 1_000_000):
+        start = time.perf_counter()
+        classify_prompt(text)
+        assert time.perf_counter() - start < 1.0, text[:20]
 
 
 def test_views_carry_caps_floors_and_opt_out() -> None:
@@ -133,6 +209,44 @@ def test_missing_file_and_bad_json(tmp_path: Path) -> None:
         load_policy(tmp_path / "absent.yaml")
     with pytest.raises(PolicyFileError, match="not valid JSON"):
         load_policy(_write(tmp_path, "{'version': 1}", "policy.json"))
+
+
+def test_existing_policy_files_load_and_save_unchanged(tmp_path: Path) -> None:
+    policy = load_policy(_write(tmp_path, GOOD + "classes:\n  code: {max_k: 8}\n"))
+    assert policy.clients == ClientRules() and "clients" not in policy.to_dict()
+    assert policy.known_classes == {"code", "math", "chat"}
+
+
+def test_the_clients_section_round_trips(tmp_path: Path) -> None:
+    text = GOOD + "classes:\n  code: {max_k: 8}\nclients:\n  classes: [code]\n  raise_depth: true\n"
+    policy = load_policy(_write(tmp_path, text))
+    assert policy.clients == ClientRules(classes=("code",), raise_depth=True)
+    assert policy.requestable_classes == {"code"}
+    assert load_policy(PolicyFile.save(policy, tmp_path / "again.json")) == policy
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD + "clients: {classes: [legal]}\n", "clients.classes: must name classes the policy knows"),
+        (GOOD + "clients: {classes: code}\n", "clients.classes: must be a list of class names or null"),
+        (GOOD + "clients: {raise_depth: 'yes'}\n", "clients.raise_depth: must be true or false"),
+        (GOOD + "clients: {raise: true}\n", "clients: unknown key(s) ['raise']"),
+        (GOOD + "clients: [code]\n", "clients: must be a mapping"),
+    ],
+)
+def test_broken_clients_sections_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(PolicyFileError) as info:
+        load_policy(_write(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_a_policy_knows_a_bounded_number_of_classes() -> None:
+    builtin = 3  # code, math, chat
+    classes = {f"c{i}": ClassPolicy() for i in range(MAX_CLASSES - builtin)}
+    assert len(RequestPolicy(static_k=1, max_k=2, classes=classes).known_classes) == MAX_CLASSES
+    with pytest.raises(PolicyFileError, match=f"at most {MAX_CLASSES} classes"):
+        RequestPolicy(static_k=1, max_k=2, classes={**classes, "one-more": ClassPolicy()})
 
 
 def test_policies_built_in_code_are_validated_too() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autotune.backends._paths import hijacking_substring, safe_draft_model_path
 from autotune.cli.profile import profile as profile_command
+from autotune.engine import hijacking_substring, safe_draft_model_path
 from autotune.errors import ConfigError
 from autotune.profiling import (
     acceptance_per_class,
@@ -20,7 +20,7 @@ from autotune.profiling import (
 )
 from autotune.workloads import Workload, WorkloadRequest
 from policies import AcceptanceProfile, StepCostModel
-from policies._plugin_config import PluginStats
+from policies.plugin import PluginStats
 
 
 def _stats() -> PluginStats:

@@ -12,7 +12,7 @@ import yaml
 
 from autotune.errors import UsageError
 from autotune.export import SCHEDULE_PD_WARNING, render
-from autotune.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
+from autotune.search import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
 from autotune.spec import SpecConfig
 
 
@@ -107,8 +107,7 @@ def test_unknown_format() -> None:
 def recommendation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A stored recommendation from a grid search on the mixed workload (chat, code, math) at concurrency 8."""
     from autotune.backends.model import ModelBackend
-    from autotune.search import GridStrategy, Search
-    from autotune.space import DrafterChoice, SearchSpace
+    from autotune.search import DrafterChoice, GridStrategy, Search, SearchSpace
     from autotune.spec import Scenario
     from autotune.workloads import load_workload
     from store import Store

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from policies import AcceptanceProfile, StepCostModel
-from policies._plugin_config import (
+from policies.plugin import (
     CONFIG_ENV,
     SCHEDULER_CLS,
     DepthPlan,
@@ -113,9 +113,13 @@ def test_an_unreadable_or_invalid_file_names_the_file(tmp_path: Path) -> None:
 
 
 def test_engine_arguments_install_the_plugin_with_synchronous_scheduling() -> None:
-    # Async scheduling never calls update_draft_token_ids, so the plugin could not trim: it must be off.
-    assert engine_kwargs() == {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False}
-    assert serve_args() == ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
+    # Async scheduling never calls update_draft_token_ids, so the default (trimming) plugin needs it off; the
+    # worker extension carries the drafter-width patch (policies.plugin.drafter_width).
+    extension = "policies.plugin.drafter_width.DrafterWidthExtension"
+    assert engine_kwargs() == {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False,
+                               "worker_extension_cls": extension}
+    assert serve_args() == ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling",
+                            "--worker-extension-cls", extension]
     assert SCHEDULER_CLS == "policies.scheduler.PeagleScheduler"
 
 
@@ -234,8 +238,8 @@ def test_importing_policies_does_not_import_the_vllm_plugin() -> None:
     import sys
 
     code = (
-        "import policies, policies._plugin_config, sys; "
-        "print('policies.scheduler' in sys.modules, 'vllm' in sys.modules)"
+        "import policies, policies.plugin, sys; "
+        "print('policies.scheduler' in sys.modules, 'policies.plugin.scheduler' in sys.modules, 'vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
+    assert out == ["False", "False", "False"]

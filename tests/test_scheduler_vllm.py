@@ -20,7 +20,7 @@ import pytest
 from autotune.backends.vllm import vllm_available
 from autotune.profiling import EngineRun, run_plugin_job
 from policies import AcceptanceProfile
-from policies._plugin_config import PluginConfig
+from policies.plugin import PluginConfig
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
@@ -122,3 +122,17 @@ def test_a_plugin_error_is_reported_and_serving_continues_untrimmed(run: EngineR
     # After the fallback the trim2 class is no longer capped: position 3 is verified (and accepted) again.
     after = _phase(run, "after")["spec"]
     assert after["num_drafts"] > 0 and after["accepted_per_position"][2] == after["num_drafts"]
+
+
+def test_the_class_path_in_stored_configs_loads_the_adapter() -> None:
+    # Stored configs, exports and command lines name SCHEDULER_CLS; vLLM imports it by that string in the engine.
+    import importlib
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from policies.plugin import SCHEDULER_CLS
+    from policies.plugin.scheduler import PeagleScheduler
+
+    module, _, name = SCHEDULER_CLS.rpartition(".")
+    loaded = getattr(importlib.import_module(module), name)
+    assert loaded is PeagleScheduler and issubclass(loaded, Scheduler)

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from click.testing import CliRunner
 
@@ -18,17 +19,18 @@ from autotune.backends.model import ModelBackend
 from autotune.cli import main
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
-from autotune.runner import resolve_strategy
 from autotune.search import (
+    DrafterChoice,
     DrafterProfile,
     ModelGuidedStrategy,
     Search,
+    SearchSpace,
     StrategyContext,
     calibration_scales,
     make_strategy,
+    resolve_strategy,
     store_or_profile,
 )
-from autotune.space import DrafterChoice, SearchSpace
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, load_workload
 from store import Store
@@ -74,7 +76,10 @@ def provider(cost: Any, launches: int = 1) -> Any:
     return provide
 
 
-def make(tmp_path: Path, backend: Backend, strategy: Any, **kw: Any) -> Search:
+def make(tmp_path: Path, backend: Backend, strategy: Any, cost: Any = None, launches: int = 1, **kw: Any) -> Search:
+    """A search of SPACE on mt-bench; with `cost`, model-guided predicts from a profile with that step cost."""
+    if cost is not None:
+        kw["profiles"] = provider(cost, launches)
     return Search(
         store=Store(f"sqlite:///{tmp_path / 'peagle.db'}"), backend=backend, model="openai/gpt-oss-120b",
         device="NVIDIA H200", workload=load_workload("mt-bench"), space=kw.pop("space", SPACE), strategy=strategy,
@@ -91,8 +96,8 @@ def true_best(scenario: Scenario) -> tuple[SpecConfig, float]:
 
 def test_finds_the_true_best_with_fewer_launches_than_the_grid(tmp_path: Path) -> None:
     world = World()
-    strategy = ModelGuidedStrategy(profiles=provider(PROFILED_COST))
-    result = make(tmp_path, world, strategy).run_scenario(SCENARIO)
+    strategy = ModelGuidedStrategy()
+    result = make(tmp_path, world, strategy, PROFILED_COST).run_scenario(SCENARIO)
     best, value = true_best(SCENARIO)
     # The uncalibrated prediction ranks K too high (no drafter cost per K); the search still lands on the true best.
     assert strategy._guides[result.study_name].predicted  # predicted every config
@@ -107,8 +112,8 @@ def test_exact_predictions_stop_after_the_minimum_trials(tmp_path: Path) -> None
     # min_trials=3 trials (best prediction, no-spec and published-K baselines or the next candidate) no unmeasured
     # config is predicted above 1.03x the best: the rule stops there.
     world = World()
-    strategy = ModelGuidedStrategy(profiles=provider(TRUE_COST))
-    result = make(tmp_path, world, strategy).run_scenario(SCENARIO)
+    strategy = ModelGuidedStrategy()
+    result = make(tmp_path, world, strategy, TRUE_COST).run_scenario(SCENARIO)
     best, _ = true_best(SCENARIO)
     assert world.calls[0] == best and result.best.config == best
     assert result.n_trials == 3
@@ -118,7 +123,7 @@ def test_exact_predictions_stop_after_the_minimum_trials(tmp_path: Path) -> None
 
 def test_baselines_are_verified_right_after_the_best_prediction(tmp_path: Path) -> None:
     world = World()
-    result = make(tmp_path, world, ModelGuidedStrategy(profiles=provider(PROFILED_COST))).run_scenario(SCENARIO)
+    result = make(tmp_path, world, ModelGuidedStrategy(), PROFILED_COST).run_scenario(SCENARIO)
     seqs = world.calls[0].max_num_seqs
     assert world.calls[1] == SpecConfig(max_num_seqs=seqs)  # no speculation
     assert world.calls[2] == world.calls[0].with_(num_speculative_tokens=5) or world.calls[0].k == 5  # published K
@@ -143,8 +148,8 @@ def test_recalibration_moves_predictions_toward_measurements() -> None:
 
 def test_calibrated_predictions_beat_the_raw_ones_on_the_measured_configs(tmp_path: Path) -> None:
     world = World()
-    strategy = ModelGuidedStrategy(profiles=provider(PROFILED_COST))
-    result = make(tmp_path, world, strategy).run_scenario(SCENARIO)
+    strategy = ModelGuidedStrategy()
+    result = make(tmp_path, world, strategy, PROFILED_COST).run_scenario(SCENARIO)
     guide = strategy._guides[result.study_name]
     measured = {c: v for c, v in guide.measured.items() if v is not None and c.speculative}
     raw = max(abs(guide.predicted[c] / v - 1) for c, v in measured.items())
@@ -158,8 +163,8 @@ def test_calibrated_predictions_beat_the_raw_ones_on_the_measured_configs(tmp_pa
 
 def test_profile_launches_are_counted_once_across_scenarios(tmp_path: Path) -> None:
     world = World()
-    strategy = ModelGuidedStrategy(profiles=provider(PROFILED_COST, launches=1))
-    search = make(tmp_path, world, strategy)
+    strategy = ModelGuidedStrategy()
+    search = make(tmp_path, world, strategy, PROFILED_COST, launches=1)
     first, second = search.run([Scenario(concurrency=64), Scenario(concurrency=8)])
     assert (first.profile_launches, second.profile_launches) == (1, 0)
     assert first.engine_launches == first.n_measurements + 1
@@ -168,10 +173,10 @@ def test_profile_launches_are_counted_once_across_scenarios(tmp_path: Path) -> N
 
 def test_resumed_study_keeps_the_measured_trials(tmp_path: Path) -> None:
     world = World()
-    make(tmp_path, world, ModelGuidedStrategy(profiles=provider(PROFILED_COST))).run_scenario(SCENARIO)
+    make(tmp_path, world, ModelGuidedStrategy(), PROFILED_COST).run_scenario(SCENARIO)
     calls = len(world.calls)
     # A new process (new strategy) on the same study: the finished trials are taken in, nothing is re-measured.
-    again = make(tmp_path, world, ModelGuidedStrategy(profiles=provider(PROFILED_COST))).run_scenario(SCENARIO)
+    again = make(tmp_path, world, ModelGuidedStrategy(), PROFILED_COST).run_scenario(SCENARIO)
     assert len(world.calls) == calls and again.n_trials == calls
 
 
@@ -195,11 +200,23 @@ def _store_profile(store: Store, model: str, device: str, workload: Workload) ->
 
 
 def test_a_stored_profile_is_reused_without_launches(tmp_path: Path) -> None:
-    search = make(tmp_path, World(), ModelGuidedStrategy())
+    world = World()
+    search = make(tmp_path, world, ModelGuidedStrategy())
     pid = _store_profile(search.store, search.model, search.device, search.workload)
-    ctx = StrategyContext(search, None, SCENARIO, 10)  # type: ignore[arg-type]
-    profile = store_or_profile(ctx, PEAGLE)
+    ctx = StrategyContext(optuna.create_study(), SCENARIO, 10, SPACE, search.objective, search.workload, search.model,
+                          search.profiles)
+    # The search's default profile source is `store_or_profile` bound to its store and backend.
+    profile = ctx.profile(PEAGLE)
     assert (profile.label, profile.profile_id, profile.launches) == (f"stored profile #{pid}", pid, 0)
+    again = store_or_profile(ctx, PEAGLE, store=search.store, backend=world, model=search.model, device=search.device)
+    assert again.profile_id == pid and world.calls == []
+
+
+def test_a_backend_without_an_engine_cannot_profile(tmp_path: Path) -> None:
+    # World measures but declares no engine options (`Backend.options` is None): no profile can be made for it.
+    search = make(tmp_path, World(), ModelGuidedStrategy())
+    with pytest.raises(UsageError, match="the vllm backend cannot make one"):
+        search.run_scenario(SCENARIO)
 
 
 def test_auto_strategy_is_model_guided_with_the_vllm_backend() -> None:

@@ -13,8 +13,15 @@ import pytest
 
 from autotune.backends.model import ModelBackend
 from autotune.errors import UsageError
-from autotune.search import GridStrategy, Objective, ScenarioResult, Search, measurement_metrics
-from autotune.space import DrafterChoice, SearchSpace
+from autotune.search import (
+    DrafterChoice,
+    GridStrategy,
+    Objective,
+    ScenarioResult,
+    Search,
+    SearchSpace,
+    measurement_metrics,
+)
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import Store

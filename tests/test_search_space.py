@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.space import DrafterChoice, SearchSpace, load_space_file, space_from_options
+from autotune.search import DrafterChoice, SearchSpace, load_space_file, space_from_options
 from autotune.spec import SpecConfig
 
 PEAGLE = DrafterChoice("org/p-eagle", "eagle3", 4, parallel_capable=True, recommended_k=5)

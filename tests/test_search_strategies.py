@@ -1,5 +1,6 @@
-"""Strategies: grid order, random, blackbox (baselines first, exhaustive when the grid fits, GP), pruning of clearly
-worse trials through a backend's warm-up report, duplicates never re-measured, and the strategy plug-in point."""
+"""Strategies: grid order, random, blackbox (baselines first, exhaustive when the grid fits, GP), duplicates never
+re-measured, and the strategy plug-in point. (`test_search_strategy_contract.py` holds what every registered
+strategy must do.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import optuna
 import pytest
+from test_search_strategy_contract import Counting
 
 from autotune.backends.base import Backend
 from autotune.backends.model import ModelBackend
@@ -16,46 +18,24 @@ from autotune.measurement import Measurement
 from autotune.search import (
     STRATEGIES,
     BlackboxStrategy,
+    DrafterChoice,
     GridStrategy,
     Objective,
-    ProgressCallback,
     RandomStrategy,
-    RelativeToBestPruner,
     Search,
     SearchEvent,
+    SearchSpace,
     Strategy,
     StrategyContext,
     make_strategy,
     register_strategy,
 )
-from autotune.space import DrafterChoice, SearchSpace
 from autotune.spec import Scenario, SpecConfig
-from autotune.workloads import Workload, load_workload
+from autotune.workloads import load_workload
 from store import Store
 
 PEAGLE = DrafterChoice("amazon/gpt-oss-120b-p-eagle", "eagle3", 4, parallel_capable=True, recommended_k=5)
 SCENARIO = Scenario(concurrency=64)
-
-
-class Counting(Backend):
-    """The model backend, counting calls and optionally reporting its prediction as the warm-up figure."""
-
-    def __init__(self, name: str = "counting", report_progress: bool = False) -> None:
-        self.inner = ModelBackend("gpt-oss-120b", "h200")
-        self.name = name
-        self.report_progress = report_progress
-        self.calls: list[SpecConfig] = []
-        self.stopped: list[SpecConfig] = []
-
-    def measure(
-        self, config: SpecConfig, workload: Workload, scenario: Scenario, on_progress: ProgressCallback | None = None
-    ) -> Measurement:
-        self.calls.append(config)
-        m = self.inner.measure(config, workload, scenario)
-        # A deterministic predictor's "warm-up" figure equals its final one.
-        if self.report_progress and on_progress is not None and m.ok and not on_progress(m):
-            self.stopped.append(config)
-        return m
 
 
 def make(tmp_path: Path, space: SearchSpace, strategy: Strategy, backend: Backend | None = None, **kw: Any) -> Search:
@@ -139,50 +119,6 @@ def test_gp_sampler_runs_the_same_loop(tmp_path: Path) -> None:
     assert result.best.config in measured
 
 
-class PrunedGrid(GridStrategy):
-    """The grid in order, pruning like blackbox does but after 2 trials with a 20% margin."""
-
-    def pruner(self, objective: Objective) -> optuna.pruners.BasePruner:
-        return RelativeToBestPruner(margin=0.2, n_startup_trials=2)
-
-
-def test_clearly_worse_trials_are_pruned_after_warm_up(tmp_path: Path) -> None:
-    # max_num_seqs 64 first, then 16: at concurrency 64 a 16-request batch serves far fewer tokens/s.
-    space = SearchSpace(drafters=(PEAGLE,), k_max=4, max_num_seqs=(64, 16), parallel_drafting="on")
-    backend = Counting(report_progress=True)
-    search = make(tmp_path, space, PrunedGrid(), backend)
-    result = search.run_scenario(SCENARIO)
-
-    # Replay the pruning rule over the grid in order with the same predictions: after 2 complete trials, a trial
-    # whose warm-up tokens/s is below 0.8 x the best complete value so far is pruned.
-    workload = load_workload("mt-bench")
-    complete: list[float] = []
-    expected_pruned = []
-    for config in space.grid():
-        value = float(backend.inner.measure(config, workload, SCENARIO).output_tokens_per_s or 0)
-        if len(complete) >= 2 and value < 0.8 * max(complete):
-            expected_pruned.append(config)
-        else:
-            complete.append(value)
-    assert expected_pruned, "the space must contain clearly worse configs for this test to mean anything"
-
-    study = optuna.load_study(study_name=result.study_name, storage=search.store.url)
-    pruned = [SpecConfig.from_dict(t.user_attrs["peagle"]["config"]) for t in study.trials if t.state.name == "PRUNED"]
-    assert pruned == expected_pruned
-    assert backend.stopped == expected_pruned  # the backend was told to stop each of them
-    stored = {t.number: t.status for t in search.store.list_trials(study=result.study_name)}
-    assert sorted(stored.values()).count("pruned") == len(expected_pruned)
-    assert result.n_pruned == len(expected_pruned)
-    assert result.best.config.max_num_seqs == 64
-
-
-def test_multi_objective_searches_never_prune(tmp_path: Path) -> None:
-    space = SearchSpace(drafters=(PEAGLE,), k_max=4, max_num_seqs=(64, 16), parallel_drafting="on")
-    backend = Counting(report_progress=True)
-    result = make(tmp_path, space, PrunedGrid(), backend, objective=Objective("pareto")).run_scenario(SCENARIO)
-    assert backend.stopped == [] and result.n_pruned == 0
-
-
 def test_events_report_states_and_reach_the_target(tmp_path: Path) -> None:
     space = SearchSpace(drafters=(PEAGLE,), k_max=3, max_num_seqs=(64,))
     events: list[SearchEvent] = []
@@ -205,7 +141,7 @@ class FirstThree(Strategy):
         return optuna.samplers.RandomSampler(seed=seed)
 
     def initial_configs(self, ctx: StrategyContext) -> list[SpecConfig]:
-        return list(reversed(ctx.search.space.grid()))[:3]
+        return list(reversed(ctx.space.grid()))[:3]
 
     def after_trial(self, ctx: StrategyContext, config: SpecConfig, measurement: Measurement) -> None:
         self.seen.append(config)
@@ -215,7 +151,7 @@ class FirstThree(Strategy):
 
 
 def test_registered_strategy_drives_the_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("autotune.search.STRATEGIES", dict(STRATEGIES))
+    monkeypatch.setattr("autotune.search.registry.STRATEGIES", dict(STRATEGIES))
     register_strategy("first-three", FirstThree)
     strategy = make_strategy("first-three")
     space = SearchSpace(drafters=(PEAGLE,), k_max=4, max_num_seqs=(64,))

@@ -27,8 +27,7 @@ from sqlalchemy import create_engine, make_url, text
 from autotune.backends.model import ModelBackend
 from autotune.cli import main
 from autotune.errors import UsageError
-from autotune.search import GridStrategy, Objective, RandomStrategy, Search
-from autotune.space import DrafterChoice, SearchSpace
+from autotune.search import DrafterChoice, GridStrategy, Objective, RandomStrategy, Search, SearchSpace
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import Store

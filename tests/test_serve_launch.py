@@ -14,7 +14,7 @@ from autotune.cli.serve import serve
 from autotune.errors import UsageError
 from autotune.serving import build_launch, resolve_tuned_config
 from policies import ClassPolicy, PolicyFile, PolicyFileError, RequestPolicy, StepCostModel
-from policies._plugin_config import CONFIG_ENV, SCHEDULER_CLS, PluginConfig
+from policies.plugin import CONFIG_ENV, SCHEDULER_CLS, PluginConfig
 from store import Store
 
 MODEL = "my-org/tiny-target"  # in no catalog: the CLI keeps the name as given
@@ -214,7 +214,7 @@ def test_dry_run_prints_the_exact_command_env_and_plugin_config(tmp_path: Path) 
     result = _dry_run(db, "--port", "8123", "--run-dir", str(tmp_path / "run"), "--", "--dtype", "float32")
     assert result.exit_code == 0, result.output
     argv, env, config = _parse(result.stdout)
-    assert argv[1:5] == ["-m", "autotune.backends._serve", "serve", MODEL]
+    assert argv[1:5] == ["-m", "autotune.engine", "serve", MODEL]
     opts = dict(zip(argv[5::1], argv[6::1], strict=False))
     assert opts["--host"] == "127.0.0.1" and opts["--port"] == "8123"
     assert json.loads(opts["--speculative-config"]) == {

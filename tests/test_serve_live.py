@@ -9,7 +9,7 @@ from test_serve_launch import ENV, MODEL, add_profile, add_recommendation
 
 from autotune.serving import LiveRecorder, check_drift, live_acceptance, live_profile, resolve_tuned_config
 from policies import AcceptanceProfile
-from policies._plugin_config import PluginStats
+from policies.plugin import PluginStats
 from store import Store
 
 
@@ -126,3 +126,21 @@ def test_recorder_stores_live_profiles_warns_on_drift_and_feeds_the_next_launch(
     again = resolve_tuned_config(store, MODEL, device="cpu")
     assert again.profile is not None and again.profile["id"] == second != measured
     assert again.acceptance["predictable"].num_drafts == 210
+
+
+def test_live_profiles_keep_only_the_policys_classes(tmp_path: Path) -> None:
+    # A plugin without the policy (or an old stats file) saw junk class labels: they must not become stored classes,
+    # which later launches would load as priors.
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    add_recommendation(store, k=3)
+    add_profile(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    stats = PluginStats()
+    junk = [row for i in range(200) for row in rows(f"junk-{i}", 2, {1: 1})]
+    stats.observe_step(step_ms=9.0, prompt_tokens=0, requests=rows("predictable", 3, {3: 10}) + junk,
+                       drafting_depth=3)
+    stats.save(tmp_path / "stats.json")
+    recorder = LiveRecorder(store, tuned, tmp_path / "stats.json", log=lambda _: None, environment=ENV)
+    stored = store.get_profile(recorder.record())
+    assert set(stored.acceptance) == {"predictable"} <= tuned.policy.known_classes
+    assert set(stored.notes["judged_per_position"]) == {"predictable"}

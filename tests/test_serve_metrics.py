@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from policies import AcceptanceEstimator, DepthController, RequestView, StepCostModel, TrackedBatch
-from policies._metrics import PluginMetrics
+from policies.plugin import PluginMetrics
+from policies.plugin.metrics import GuardedMetrics
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
@@ -72,3 +75,13 @@ def test_pushes_are_throttled() -> None:
     assert _value("peagle:drafts_total", engine="t3", **{"class": "code"}) == 1
     metrics.maybe_push(now=101.0)
     assert _value("peagle:drafts_total", engine="t3", **{"class": "code"}) == 2
+
+
+def test_a_metrics_error_turns_the_metrics_off_and_never_reaches_the_plugin(caplog: pytest.LogCaptureFixture) -> None:
+    guard = GuardedMetrics(logging.getLogger("test.peagle.metrics"))
+    guard.start(2, static_depth=1, engine="t4")
+    assert guard.active
+    guard.call("observe_requests", [("code", 2)])  # a malformed row: the metrics fail, the caller must not
+    assert not guard.active
+    assert "Prometheus metrics disabled after an error in observe_requests" in caplog.text
+    guard.call("push")  # off: a no-op, not an error

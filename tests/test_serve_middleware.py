@@ -1,4 +1,5 @@
-"""The API-server middleware: requests get their class from the policy (served model name, prompt), never fail."""
+"""The API-server middleware: requests get their class from the policy (served model name, prompt; a client label
+only where the policy lets it), stamped for the engine, and never fail."""
 
 from __future__ import annotations
 
@@ -8,15 +9,39 @@ from typing import Any
 
 from autotune.serving import PeagleClassMiddleware, label_request, prompt_text
 from policies import ClassPolicy, RequestPolicy
+from policies.plugin import route_stamp
+from policies.plugin.labels import RequestLabeler, stamped_class
 
-POLICY = RequestPolicy(static_k=3, max_k=5, classes={"code": ClassPolicy(max_k=5)}, model_classes={"coder": "code"},
-                       default_class="chat")
+POLICY = RequestPolicy(static_k=3, max_k=5, classes={"code": ClassPolicy(max_k=5), "chat": ClassPolicy(max_k=1)},
+                       model_classes={"coder": "code", "small": "chat"}, default_class="chat")
+KEY = "per-launch-secret"
 
 
-def test_a_request_naming_its_class_keeps_it() -> None:
-    payload: dict[str, Any] = {"model": "coder", "prompt": "hi", "vllm_xargs": {"peagle_class": "legal"}}
-    assert not label_request(payload, POLICY)
-    assert payload["vllm_xargs"] == {"peagle_class": "legal"}
+def test_a_client_label_never_replaces_the_model_name_class_or_raises_the_cap() -> None:
+    for label in ("legal", "chat", "code"):
+        payload: dict[str, Any] = {"model": "coder", "prompt": "hi", "vllm_xargs": {"peagle_class": label}}
+        label_request(payload, POLICY)
+        assert payload["vllm_xargs"] == {"peagle_class": "code"}, label
+    raising: dict[str, Any] = {"model": "small", "prompt": "hi", "vllm_xargs": {"peagle_class": "code"}}
+    label_request(raising, POLICY)
+    assert raising["vllm_xargs"]["peagle_class"] == "chat"
+    lowering: dict[str, Any] = {"model": "plain", "prompt": "def f(x): pass", "vllm_xargs": {"peagle_class": "chat"}}
+    assert not label_request(lowering, POLICY)  # prompt says code (cap 5): the client may ask for chat (cap 1)
+
+
+def test_the_class_is_stamped_for_the_engine_and_a_clients_stamp_is_dropped() -> None:
+    forged = route_stamp("code", "guessed-key")
+    payload: dict[str, Any] = {"model": "small", "prompt": "hi",
+                               "vllm_xargs": {"peagle_class": "code", "peagle_route": forged}}
+    assert label_request(payload, POLICY, KEY)
+    xargs = payload["vllm_xargs"]
+    assert xargs["peagle_class"] == "chat" and stamped_class(xargs, KEY) == "chat"
+    # In the engine: the stamp verifies, so a request on "coder" gets code's cap; a forged one does not.
+    stamped: dict[str, Any] = {"model": "coder", "prompt": "hi"}
+    label_request(stamped, POLICY, KEY)
+    labeler = RequestLabeler(POLICY, route_key=KEY)
+    assert labeler.label("a", stamped["vllm_xargs"]).view.max_k == 5
+    assert labeler.label("b", {"peagle_class": "code", "peagle_route": forged}).view.max_k == 1
 
 
 def test_served_model_name_then_builtin_classifier_then_default() -> None:
@@ -35,7 +60,9 @@ def test_chat_requests_are_classified_by_the_last_user_message() -> None:
     assert prompt_text(payload) == "def f(x):\n  return x"
 
 
-def _call(body: bytes, path: str = "/v1/completions", chunks: int = 1) -> tuple[bytes, dict[bytes, bytes]]:
+def _call(
+    body: bytes, path: str = "/v1/completions", chunks: int = 1, route_key: str | None = None
+) -> tuple[bytes, dict[bytes, bytes]]:
     """Run the middleware on one POST whose body arrives in ``chunks`` messages; returns what the app received."""
     seen: dict[str, Any] = {}
 
@@ -59,7 +86,7 @@ def _call(body: bytes, path: str = "/v1/completions", chunks: int = 1) -> tuple[
     async def send(message: Any) -> None:
         pass
 
-    middleware = PeagleClassMiddleware(app, policy=POLICY)
+    middleware = PeagleClassMiddleware(app, policy=POLICY, route_key=route_key)
     scope = {"type": "http", "method": "POST", "path": path,
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     asyncio.run(middleware(scope, receive, send))
@@ -71,6 +98,8 @@ def test_middleware_rewrites_the_body_and_its_length() -> None:
     got, headers = _call(body, chunks=3)
     assert json.loads(got)["vllm_xargs"] == {"peagle_class": "code"}
     assert headers[b"content-length"] == str(len(got)).encode()
+    got, _ = _call(body, route_key=KEY)
+    assert stamped_class(json.loads(got)["vllm_xargs"], KEY) == "code"
 
 
 def test_middleware_passes_other_paths_and_bad_bodies_through_unchanged() -> None:

@@ -7,14 +7,16 @@ import pytest
 
 from autotune.serving import TunedConfig, plugin_config
 from autotune.spec import SpecConfig
-from policies import ClassPolicy, RequestPolicy, RequestView, StepCostModel, TrackedBatch
-from policies._plugin_config import (
+from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, RequestView, StepCostModel, TrackedBatch
+from policies.plugin import (
     PluginConfig,
     PluginConfigError,
+    PluginFault,
     build_controller,
     normalize_extra_args,
     opted_out,
 )
+from policies.plugin.factory import check_plugin_fault
 
 POLICY = RequestPolicy(static_k=2, max_k=4, classes={"chat": ClassPolicy(max_k=1)})
 COST = StepCostModel({"base": 8.0, "per_request": 0.2, "per_verified_token": 0.1, "drafter_fixed": 1.0})
@@ -73,3 +75,23 @@ def test_serve_plugin_config_round_trips_and_builds_the_controller_it_describes(
     policy, controller = build_controller(again, 4)
     assert policy == POLICY and controller.static_k == 2 and controller.max_k == 4
     assert again.class_depths == {"chat": 1}  # caps also apply outside the controller (e.g. after a fallback)
+
+
+def test_the_engine_gets_the_policy_in_every_mode_and_priors_only_of_its_classes() -> None:
+    spec = SpecConfig(method="draft_model", drafter="d", num_speculative_tokens=4, parallel_drafting=True)
+    static = plugin_config(TunedConfig(model="m", spec=spec, policy=POLICY, recommendation={"id": 1}), None)
+    assert static.mode == "static" and static.policy == POLICY.to_dict()  # labels resolved by it in the engine
+    prior = AcceptanceProfile(100, (80, 60))
+    acceptance = {"chat": prior, **{f"junk-{i}": prior for i in range(500)}}  # e.g. an old, polluted live profile
+    tuned = TunedConfig(model="m", spec=spec, policy=POLICY, recommendation={"id": 1}, cost_model=COST,
+                        acceptance=acceptance)
+    adaptive = plugin_config(tuned, None)
+    assert adaptive.adaptive is not None and set(adaptive.adaptive["acceptance"]) == {"chat"}
+
+
+def test_plugin_fault_hook_fires_only_for_its_class_and_only_on_the_plugin_side() -> None:
+    armed = PluginConfig(fault_class="boom")
+    check_plugin_fault(armed, ["code", "chat"])  # no request of the fault class: nothing happens
+    with pytest.raises(PluginFault, match="fault_class='boom'"):
+        check_plugin_fault(armed, ["code", "boom"])
+    check_plugin_fault(PluginConfig(fault_class="boom", fault_where="controller"), ["boom"])  # the controller's hook

@@ -18,7 +18,7 @@ from store import Store
 FAKE_SERVER = """
 import os, signal, sys, time
 from pathlib import Path
-from policies._plugin_config import PluginConfig, PluginStats
+from policies.plugin import PluginConfig, PluginStats
 
 config = PluginConfig.from_env()
 stats = PluginStats()

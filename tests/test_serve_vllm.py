@@ -1,8 +1,9 @@
 """`peagle-tune serve` end to end on CPU: real ``vllm serve`` with the adaptive scheduler plugin (two launches).
 
 Launch 1 serves the trained fixtures through `run_server` (what the CLI runs) with the adaptive controller, the
-request-classifying middleware and Prometheus multiprocess metrics, and checks per-request policies, live
-recording, the metrics and the controller's fault fallback. Launch 2 serves the target without speculation; the
+request-classifying middleware and Prometheus multiprocess metrics, and checks per-request policies (including
+clients that try to raise their depth with a class label), live recording, the metrics and the controller's fault
+fallback. Launch 2 serves the target without speculation; the
 greedy outputs of launch 1 must be identical.
 """
 
@@ -23,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from autotune.backends._serve import free_port, kill_process_group
 from autotune.backends.vllm import vllm_available
+from autotune.engine import free_port, kill_process_group
 from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
 from policies import ClassPolicy, PolicyFile, RequestPolicy, StepCostModel
-from policies._plugin_config import PluginStats
+from policies.plugin import PluginStats
 from store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,8 +115,9 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
                                   "drafter_fixed": 1.0, "drafter_per_request": 0.05}).to_dict(),
     )
     policy = PolicyFile.save(
-        RequestPolicy(static_k=3, max_k=4, classes={"entropic": ClassPolicy(max_k=1)},
-                      model_classes={"coder": "predictable"}, default_class="chat"),
+        RequestPolicy(static_k=3, max_k=4,
+                      classes={"entropic": ClassPolicy(max_k=1), "tiny": ClassPolicy(max_k=1), "faulty": ClassPolicy()},
+                      model_classes={"coder": "predictable", "capped": "tiny"}, default_class="chat"),
         tmp_path / "policy.json",
     )
     tuned = resolve_tuned_config(store, target, device="cpu", policy_path=policy)
@@ -123,7 +125,7 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     port = free_port()
     launch = build_launch(
         tuned, port=port, run_dir=tmp_path / "run",
-        extra_args=[*ENGINE_ARGS, "--served-model-name", "plain", "coder"],
+        extra_args=[*ENGINE_ARGS, "--served-model-name", "plain", "coder", "capped"],
         flush_every_s=0.5,
         # A request of class "faulty" makes DepthController.decide raise while it is in the batch.
         plugin_overrides={"fault_class": "faulty", "fault_where": "controller"},
@@ -142,6 +144,10 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
             jobs += [(f"optout{i}", _request("plain", p, peagle_class="optout", peagle_speculate=False))
                      for i, p in enumerate(pred[:2])]
             jobs += [("by_model_name", _request("coder", pred[0]))]
+            # Clients of the served model "capped" (class tiny, K <= 1) asking for deeper classes: code (a built-in
+            # class, uncapped), predictable (uncapped) and a class the policy does not know.
+            jobs += [(f"capped_{label}", _request("capped", pred[i], peagle_class=label))
+                     for i, label in enumerate(("code", "predictable", "no-such-class"))]
             results["texts"] = _complete_all(base, jobs)
             time.sleep(1.0)  # the plugin flushes its statistics every 0.5 s
             results["stats_before_fault"] = PluginStats.load(launch.stats_path)
@@ -176,6 +182,10 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     assert max(predictable) > 1  # uncapped: the controller verified deeper
     assert "optout" not in stats.classes()  # opted out: no draft ever verified
     assert "predictable" in stats.classes() and stats.info["mode"] == "adaptive"
+    tiny = stats.acceptance_by_depth("tiny")  # the "capped" clients, whatever class they asked for
+    assert tiny and max(tiny) == 1
+    # (Only the opted-out requests, which verify nothing, can be in the prompt classifier's classes such as "code".)
+    assert "code" not in stats.classes() and "no-such-class" not in stats.classes()
 
     # -- Prometheus: the plugin's series are in vLLM's /metrics (multiprocess mode) ---------------------------------
     metrics = results["metrics"]
@@ -192,6 +202,13 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     assert not re.search(r'^peagle:accepted_tokens_per_pos_total\{class="entropic",engine="0",position="[1-9]"',
                          metrics, re.M)
     assert counter("peagle:draft_tokens_total", "predictable") > counter("peagle:drafts_total", "predictable")
+    # The capped clients verified one draft per step, so per-position acceptance beyond position 0 stays 0, though
+    # their predictable prompts would have accepted deeper drafts (as the "predictable" class shows).
+    assert counter("peagle:drafts_total", "tiny") > 0
+    assert counter("peagle:draft_tokens_total", "tiny") == counter("peagle:drafts_total", "tiny")
+    assert not re.search(r'^peagle:accepted_tokens_per_pos_total\{class="tiny",engine="0",position="[1-9]"',
+                         metrics, re.M)
+    assert not re.search(r'^peagle:\w+\{class="no-such-class"', metrics, re.M)
     assert re.search(r"^vllm:spec_decode_num_drafts_total\{", metrics, re.M)  # vLLM's own metrics still there
 
     # -- the controller fault fell back for those steps without failing requests, then adaptation resumed -----------
@@ -216,6 +233,8 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     for i, p in enumerate(ent):
         assert texts[f"ent{i}"] == reference[p], f"entropic prompt {i} differs from no speculation"
     assert texts["optout0"] == reference[pred[0]] and texts["by_model_name"] == reference[pred[0]]
+    for i, label in enumerate(("code", "predictable", "no-such-class")):
+        assert texts[f"capped_{label}"] == reference[pred[i]]
     assert results["fault_texts"]["faulty"] == reference[ent[0]]
     assert results["fault_texts"]["during"] == reference[pred[1]]
     assert results["after_fault"]["again"] == reference[ent[1]]
@@ -224,7 +243,7 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
 def _serve_without_speculation(target: str, tmp_path: Path, prompts: list[str]) -> dict[str, str]:
     """{prompt: greedy completion} from the target served by plain ``vllm serve`` (no speculation, no plugin)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "autotune.backends._serve", "serve", target, "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "autotune.engine", "serve", target, "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "plain", *ENGINE_ARGS]
     env = {**os.environ, **ENGINE_ENV}
     with open(tmp_path / "nospec.log", "wb") as log:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from store import (
     InvalidRecordError,
@@ -22,6 +23,9 @@ from store import (
     StoreError,
     TrialRecord,
 )
+from store import _validate as v
+from store._models import Environment, utcnow
+from store._rows import get_or_create
 from store.testing import POSTGRES_URL_ENV, drop_peagle_tables, postgres_test_url
 
 BACKENDS = [
@@ -343,18 +347,27 @@ def test_list_studies_counts_and_best_values(store: Store) -> None:
     _trial(store, 4, study="tp", values={}, status="failed", created_at=T0 + dt.timedelta(minutes=1))
     _trial(store, 0, study="later", created_at=T0 + dt.timedelta(hours=1))
 
-    summaries = store.list_studies()
+    summaries = store.list_studies(directions={"throughput": "maximize", "tpot_ms_p99": "minimize"})
     assert [s.study for s in summaries] == ["later", "tp"]  # most recently active first
     tp = summaries[1]
     assert (tp.n_trials, tp.n_complete, tp.n_failed, tp.n_pruned, tp.n_running) == (5, 3, 1, 1, 0)
-    # throughput is maximised (max 130 first reached by trial 1); tpot_ms_p99 is latency-like: min 25 at trial 1.
+    # throughput is maximised (max 130 first reached by trial 1); tpot_ms_p99 is minimised: min 25 at trial 1.
     assert tp.best_values == {"throughput": 130.0, "tpot_ms_p99": 25.0}
     assert tp.best_trial_numbers == {"throughput": 1, "tpot_ms_p99": 1}
     assert (tp.first_created_at, tp.last_created_at) == (T0, T0 + dt.timedelta(minutes=1))
 
-    # An explicit direction overrides the name rule: the largest tpot is 40 at trial 2.
+    # The direction is the caller's: maximised, the largest tpot is 40 at trial 2.
     tp_max = store.list_studies(directions={"tpot_ms_p99": "maximize"})[1]
-    assert (tp_max.best_values["tpot_ms_p99"], tp_max.best_trial_numbers["tpot_ms_p99"]) == (40.0, 2)
+    assert (tp_max.best_values, tp_max.best_trial_numbers) == ({"tpot_ms_p99": 40.0}, {"tpot_ms_p99": 2})
+
+
+def test_list_studies_never_guesses_a_direction(store: Store) -> None:
+    # Neither name decides: without a direction an objective has no best value, only the counts.
+    _trial(store, 0, study="s", values={"throughput": 100.0, "latency_ms": 9.0})
+    summary = store.list_studies()[0]
+    assert (summary.n_complete, summary.best_values, summary.best_trial_numbers) == (1, {}, {})
+    with pytest.raises(InvalidRecordError, match=r"directions\['latency_ms'\] must be one of maximize, minimize"):
+        store.list_studies(directions={"latency_ms": "lower"})  # type: ignore[dict-item]
 
 
 # ------------------------------------------------------------------------------------------- recommendations
@@ -421,6 +434,36 @@ def test_get_recommendation_unknown_id_says_how_to_list(store: Store) -> None:
     with pytest.raises(NotFoundError) as info:
         store.get_recommendation(7)
     assert str(info.value) == "No recommendation with id 7. List them with `peagle-tune show`."
+
+
+# ---------------------------------------------------------------------------------------- concurrent writers
+
+
+@pytest.fixture
+def other_writer(store: Store, db_url: str) -> Iterator[Store]:
+    """A second writer on the same database (an in-memory database lives in one Store, so there: the same one)."""
+    if db_url == "sqlite://":
+        yield store
+        return
+    with Store(db_url) as other:
+        yield other
+
+
+def test_get_or_create_returns_the_row_a_concurrent_writer_inserted_first(store: Store, other_writer: Store) -> None:
+    # The race behind environment_id, workload_id, upsert_model/drafter and add_trial: our SELECT misses, another
+    # worker inserts the same row, then our INSERT breaks the unique constraint. We must get the winner's row.
+    values = v.environment(CPU)
+    winner: list[int] = []
+
+    def create_after_the_other_writer() -> Environment:
+        winner.append(other_writer.environment_id(CPU))
+        return Environment(**values, created_at=utcnow())
+
+    with store._session() as session:
+        row, created = get_or_create(session, select(Environment).filter_by(**values), create_after_the_other_writer)
+        assert (row.id, created) == (winner[0], False)
+    assert store.environment_id(CPU) == winner[0]
+    assert store.get_environment(winner[0]).device == "cpu"
 
 
 # ---------------------------------------------------------------------------------------------------- records

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_engine_process import group_members
 
-from autotune.backends._vllm_worker import FAULT_ENV
 from autotune.backends.vllm import VLLMBackend, vllm_available
+from autotune.engine import FAULT_ENV
 from autotune.measurement import Measurement
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
@@ -42,28 +43,12 @@ def _backend(**kw: object) -> VLLMBackend:
     return VLLMBackend(str(target), **args)  # type: ignore[arg-type]
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live processes whose process group is `pgid` (from /proc/<pid>/stat field 5)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
 def _failed(m: Measurement, kind: str) -> Measurement:
     assert not m.ok, "expected a failure"
     assert m.failure_kind == kind, f"{m.failure_kind}: {m.failure_reason}\n{m.log_tail}"
     assert m.failure_reason and "\n" not in m.failure_reason
     pid = m.extra.get("worker_pid")
-    assert isinstance(pid, int) and _group_members(pid) == []  # the whole process group is gone
+    assert isinstance(pid, int) and group_members(pid) == []  # the whole process group is gone
     return m
 
 

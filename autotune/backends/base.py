@@ -1,18 +1,46 @@
-"""The Backend interface: one method, like Optuna's samplers keep theirs small."""
+"""The Backend interface: one method, like Optuna's samplers keep theirs small, plus what a backend declares about
+itself (`Capabilities`, the engine it launches) so callers never branch on its name."""
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from autotune.measurement import Measurement
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
+
+if TYPE_CHECKING:
+    from autotune.engine import EngineOptions
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do."""
+
+    predicts: bool = False
+    """Its figures are predictions: the same config always gives the same figures, a measurement costs no engine,
+    and it needs published acceptance figures for a drafter it has no profile of. A search then tells its sampler the
+    objective is deterministic and evaluates extra configs freely (batch-size schedules, per-class depth caps)."""
+    launches_engines: bool = False
+    """Every measurement starts a fresh engine: a search counts them as launches, and only configs an engine can load
+    (no hypothetical drafters) can be measured."""
 
 
 class Backend(abc.ABC):
     """Measures (vllm) or predicts (model) how one config serves one workload at one scenario."""
 
     name: str = "base"
+    """Short name, stored with every figure's provenance and a study's attributes (never branched on)."""
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    options: EngineOptions | None = None
+    """How this backend launches engines (None: it launches none). Profiles taken for its trials use the same."""
+
+    @property
+    def target_model(self) -> str | None:
+        """The target model an engine of this backend loads (a local directory or hub id); None: it loads none."""
+        return None
 
     @abc.abstractmethod
     def measure(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement:

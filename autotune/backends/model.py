@@ -1,9 +1,11 @@
 """The model backend: PREDICTS how a speculative config serves a workload, with no GPU and no vLLM.
 
-Step time T(B, K) comes from the roofline in `autotune.backends._roofline` (or from a fitted `StepCostModel`
-when one is given: "predicts from a stored profile"); acceptance AL(K) comes from the drafter's published
-reference acceptance for each workload class (or from measured `AcceptanceProfile`s when given). Then, for a
-batch of B requests verifying K drafts each:
+Step time T(B, K) comes from the calibrated roofline (`autotune.backends._step.step_time`: target pass in
+`_roofline`, drafting in `_drafter_cost`; constants fitted to published throughput, docs/benchmarks/model.md) or
+from a fitted `StepCostModel` when one is given ("predicts from a stored profile"); acceptance AL(K) comes from the
+catalog's per-position curve through the drafter's published acceptance for each workload class
+(`autotune.catalogs.reference_survival`; the nearest published workload when a class has none, with a warning) or
+from measured `AcceptanceProfile`s when given. Then, for a batch of B requests verifying K drafts each:
 
 - output tokens/s = ``B * AL(K) / T(B, K) * 1000``;
 - TPOT = ``T(B, K) / AL(K)`` ms (every request in the batch gains AL tokens per step);
@@ -20,21 +22,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.backends._roofline import (
+from autotune.backends._drafter_cost import request_kv_bytes
+from autotune.backends._roofline import RooflineParams, expected_distinct_experts, routed_tokens, scaled_gpu
+from autotune.backends._step import (
     Calibration,
     MemoryBudget,
-    RooflineParams,
     StepTime,
-    expected_distinct_experts,
     fit_calibration,
     memory_budget,
     prefill_ms,
-    request_kv_bytes,
-    scaled_gpu,
     step_time,
 )
-from autotune.backends.base import Backend
-from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec, default_gpu, get_drafter, get_gpu, resolve_model
+from autotune.backends.base import Backend, Capabilities
+from autotune.catalogs import (
+    DrafterSpec,
+    GPUSpec,
+    ModelSpec,
+    default_gpu,
+    get_drafter,
+    get_gpu,
+    reference_survival,
+    resolve_model,
+)
 from autotune.errors import ConfigError, PeagleError, UsageError
 from autotune.measurement import Measurement, Provenance
 from autotune.spec import MAX_K, Scenario, SpecConfig
@@ -172,6 +181,7 @@ class ModelBackend(Backend):
     """
 
     name = "model"
+    capabilities = Capabilities(predicts=True)
 
     def __init__(
         self,
@@ -420,8 +430,14 @@ class ModelBackend(Backend):
                     f"{dataset}, the drafter's lowest published acceptance."
                 )
             ref = refs[str(dataset)]
-            profiles[cls] = AcceptanceProfile.from_acceptance_length(ref["acceptance_length"], ref["k"], max_k=MAX_K)
+            profiles[cls] = AcceptanceProfile.from_survival(reference_survival(ref, MAX_K), num_drafts=100_000)
             sources[cls] = f"published:{dataset}@K={ref['k']}"
+            if "nearest" in ref:
+                sources[cls] = f"published:{ref['nearest']}@K={ref['k']} in place of {dataset}"
+                warnings.append(
+                    f"{drafter.name} has no published acceptance on {dataset}; the nearest published workload, "
+                    f"{ref['nearest']}, is used."
+                )
         total = sum(shape.requests_by_class.values())
         weights = {c: n / total * shape.output_tokens_by_class[c] for c, n in shape.requests_by_class.items()}
         return _Acceptance(profiles, sources, weights, warnings)
@@ -538,7 +554,9 @@ class ModelBackend(Backend):
                     "bound": st.bound,
                     "draft_passes": st.draft.passes,
                     "experts_per_layer": expected_distinct_experts(
-                        self.model.num_experts, self.model.experts_per_token, batch * (config.k + 1)
+                        self.model.num_experts,
+                        self.model.experts_per_token,
+                        min(routed_tokens(batch, config.k, self.params.routing_locality), batch * (config.k + 1)),
                     ),
                     "kv_read_gb_per_step": st.verify.kv_bytes / 1e9,
                     "weights_read_gb_per_step": st.verify.weight_bytes / 1e9,
@@ -553,7 +571,13 @@ class ModelBackend(Backend):
                     "acceptance beyond them is extrapolated and likely lower."
                 )
             if not drafter.published:
-                warnings.append(f"{drafter.name} is a hypothetical variant: {drafter.source[:160]}")
+                warnings.append(f"{drafter.name} is hypothetical: {drafter.source[:160]}")
+            published = acceptance is not None and any(v.startswith("published") for v in acceptance.sources.values())
+            if drafter.parallel_drafting and not config.parallel_drafting and published:
+                warnings.append(
+                    f"{drafter.name} is a parallel-drafting head run sequentially: its acceptance in that mode is "
+                    "not published; its parallel-drafting acceptance is assumed."
+                )
         if warnings:
             extra["warnings"] = warnings
         return extra

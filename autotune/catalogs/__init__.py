@@ -2,12 +2,15 @@
 
 The data lives in packaged YAML files (gpus.yaml, models.yaml, drafters.yaml). Lookups are case-insensitive and
 accept aliases; models and drafters can also be local Hugging Face directories, read from their config.json.
+Published acceptance lengths become per-position curves (`reference_survival`, `acceptance_survival`): exact through
+two published depths, else through one with the decay prior of heads that draft the same way.
 """
 
 from __future__ import annotations
 
 from autotune.catalogs._catalog import (
     DEFAULT_GPU,
+    acceptance_survival,
     default_gpu,
     drafters_for,
     get_drafter,
@@ -15,6 +18,7 @@ from autotune.catalogs._catalog import (
     list_drafters,
     list_gpus,
     list_models,
+    position_decay_prior,
     resolve_model,
 )
 from autotune.catalogs._hf_config import PARALLEL_DRAFTING_TOKEN_KEYS
@@ -25,6 +29,7 @@ from autotune.catalogs._specs import (
     ParamCounts,
     ReferenceAcceptance,
     architecture_params,
+    reference_survival,
 )
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "ModelSpec",
     "ParamCounts",
     "ReferenceAcceptance",
+    "acceptance_survival",
     "architecture_params",
     "default_gpu",
     "drafters_for",
@@ -43,5 +49,7 @@ __all__ = [
     "list_drafters",
     "list_gpus",
     "list_models",
+    "position_decay_prior",
+    "reference_survival",
     "resolve_model",
 ]

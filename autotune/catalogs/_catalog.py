@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from autotune.catalogs._acceptance_curve import fit_curve, survival
+from autotune.catalogs._drafter_catalog import build_drafter, decay_priors
 from autotune.catalogs._hf_config import drafter_from_config, model_from_config, read_config
-from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec, ReferenceAcceptance
+from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import ConfigError, PeagleError, UnknownModelError
+from policies import load_yaml_text
 
 #: Catalog key of the default GPU (see `default_gpu`).
 DEFAULT_GPU = "h200"
@@ -27,7 +29,7 @@ def _norm(name: str) -> str:
 
 def _read_yaml(file_name: str, top_key: str) -> list[dict[str, Any]]:
     text = resources.files("autotune.catalogs").joinpath(file_name).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = load_yaml_text(text)
     if not isinstance(data, dict) or not isinstance(data.get(top_key), list):
         raise PeagleError(f"catalog {file_name} must map {top_key!r} to a list of entries.")
     # Top-level keys starting with "_" only hold YAML anchors shared by entries.
@@ -41,12 +43,14 @@ def _read_yaml(file_name: str, top_key: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _check_keys(entry: dict[str, Any], cls: type, file_name: str, skip: set[str]) -> None:
+def _check_keys(
+    entry: dict[str, Any], cls: type, file_name: str, skip: set[str], extra: set[str] | None = None
+) -> None:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
     missing_default = dataclasses.MISSING
     required = {n for n, f in fields.items() if f.default is missing_default and f.default_factory is missing_default}
     label = entry.get("name") or entry.get("key") or "?"
-    unknown = sorted(set(entry) - set(fields))
+    unknown = sorted(set(entry) - set(fields) - (extra or set()))
     missing = sorted(required - set(entry))
     if unknown or missing:
         raise PeagleError(
@@ -93,37 +97,34 @@ def _models() -> tuple[ModelSpec, ...]:
     return tuple(out)
 
 
-def _reference(raw: Any, label: str) -> dict[str, ReferenceAcceptance]:
-    if not isinstance(raw, dict):
-        raise PeagleError(f"catalog drafters.yaml entry {label!r}: reference_acceptance must be a mapping.")
-    out: dict[str, ReferenceAcceptance] = {}
-    for workload, ref in raw.items():
-        if not isinstance(ref, dict) or set(ref) != {"k", "acceptance_length", "source"}:
-            raise PeagleError(
-                f"catalog drafters.yaml entry {label!r}: reference_acceptance[{workload!r}] must have exactly "
-                "k, acceptance_length and source."
-            )
-        out[str(workload)] = ReferenceAcceptance(
-            k=int(ref["k"]), acceptance_length=float(ref["acceptance_length"]), source=str(ref["source"]).strip()
-        )
-    return out
+@functools.cache
+def _drafter_entries() -> tuple[tuple[dict[str, Any], ...], dict[bool, float]]:
+    entries = _read_yaml("drafters.yaml", "drafters")
+    for entry in entries:
+        _check_keys(entry, DrafterSpec, "drafters.yaml", skip={"local_path", "layer_rate_factors",
+                                                               "layer_variants_source"}, extra={"layer_variants"})
+    return tuple(entries), decay_priors(entries)
 
 
 @functools.cache
 def _drafters() -> tuple[DrafterSpec, ...]:
-    out = []
-    for entry in _read_yaml("drafters.yaml", "drafters"):
-        _check_keys(entry, DrafterSpec, "drafters.yaml", skip={"local_path", "published"})
-        values = dict(entry)
-        values["aliases"] = tuple(str(a) for a in entry.get("aliases", ()))
-        values["source"] = str(entry["source"]).strip()
-        values["reference_acceptance"] = _reference(entry["reference_acceptance"], entry["name"])
-        values["acceptance_scale_by_layers"] = {
-            int(n): float(s) for n, s in (entry.get("acceptance_scale_by_layers") or {}).items()
-        }
-        values["acceptance_scale_source"] = str(entry.get("acceptance_scale_source", "")).strip()
-        out.append(DrafterSpec(**values))
-    return tuple(out)
+    """Every drafters.yaml entry (published or not), with fitted acceptance curves (see `_drafter_catalog`)."""
+    entries, priors = _drafter_entries()
+    return tuple(build_drafter(entry, priors) for entry in entries)
+
+
+def position_decay_prior(parallel_drafting: bool) -> float:
+    """The catalog's position-decay prior for heads that draft in parallel (P-EAGLE) or sequentially (EAGLE-3):
+    the mean decay of the catalog's heads published at two depths (see drafters.yaml)."""
+    return _drafter_entries()[1][bool(parallel_drafting)]
+
+
+def acceptance_survival(points: Mapping[int, float], parallel_drafting: bool, max_k: int) -> tuple[float, ...]:
+    """Per-position survival through published ``{K: AL}`` points, the way the catalog derives it: exact through
+    two depths, else through one with `position_decay_prior`. Example: ``({5: 2.9}, True, 8)`` is the curve of the
+    P-EAGLE paper's GPT-OSS 120B head on MT-Bench."""
+    rate, decay = fit_curve(dict(points), position_decay_prior(parallel_drafting))
+    return survival(rate, decay, max_k)
 
 
 def _names(items: list[tuple[str, tuple[str, ...]]]) -> str:
@@ -207,17 +208,19 @@ def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
 
 
 def list_drafters(*, include_hypothetical: bool = False) -> list[DrafterSpec]:
-    """Every catalog drafter; with `include_hypothetical`, each followed by its unpublished layer variants."""
+    """Every published catalog drafter; with `include_hypothetical`, also the heads that exist only in a paper
+    (published: false), each head followed by its hypothetical layer variants."""
     if include_hypothetical:
         return [v for d in _drafters() for v in d.variants()]
-    return list(_drafters())
+    return [d for d in _drafters() if d.published]
 
 
 def drafters_for(model: str | ModelSpec, *, include_hypothetical: bool = False) -> list[DrafterSpec]:
     """The catalog drafters trained for `model` (name, alias, local path or ModelSpec); P-EAGLE heads first.
 
-    With `include_hypothetical`, each is followed by its hypothetical layer variants (published=False), e.g. a
-    2-layer P-EAGLE head whose acceptance is scaled from the published 4-layer one.
+    With `include_hypothetical`, paper-only heads are listed too and each head is followed by its hypothetical
+    layer variants (published=False), e.g. a 2-layer P-EAGLE head whose acceptance is derived from the paper's
+    layer ablation and the published 4-layer head.
     """
     spec = resolve_model(model)
     found = [d for d in list_drafters(include_hypothetical=include_hypothetical) if d.target == spec.name]
@@ -232,7 +235,7 @@ def _find_drafter(name: str) -> DrafterSpec | None:
     variant = _VARIANT.match(name.strip())
     if variant:
         base = _find_drafter(variant["base"])
-        if base is not None and int(variant["layers"]) in base.acceptance_scale_by_layers:
+        if base is not None and int(variant["layers"]) in base.layer_rate_factors:
             return base.with_layers(int(variant["layers"]))
     return None
 

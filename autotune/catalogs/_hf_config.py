@@ -183,6 +183,8 @@ def drafter_from_config(config: dict[str, Any], path: Path, target: str | None) 
     else:
         method = "draft_model"
     parallel = any(config.get(key) is not None for key in PARALLEL_DRAFTING_TOKEN_KEYS)
+    # EAGLE-3 heads with a reduced ("hot") vocabulary say so; the LM head then has that many rows.
+    draft_vocab = config.get("draft_vocab_size")
     resolved = path.resolve()
     return DrafterSpec(
         name=str(resolved),
@@ -196,5 +198,6 @@ def drafter_from_config(config: dict[str, Any], path: Path, target: str | None) 
         reference_acceptance={},
         source=f"config.json in {resolved}",
         aliases=(resolved.name,),
+        draft_vocab_size=draft_vocab if isinstance(draft_vocab, int) and draft_vocab > 0 else None,
         local_path=str(resolved),
     )

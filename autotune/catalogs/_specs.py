@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypedDict
+from typing import NamedTuple, NotRequired, TypedDict
+
+from autotune.catalogs._acceptance_curve import acceptance_length, fit_curve, survival
 
 
 @dataclass(frozen=True)
@@ -164,11 +166,40 @@ def architecture_params(
 
 
 class ReferenceAcceptance(TypedDict):
-    """A published acceptance length: AL at depth k (mean tokens per verification step, bonus token included)."""
+    """A published acceptance length: AL at depth k (mean tokens per verification step, bonus token included).
+
+    ``k`` / ``acceptance_length`` is the primary point (the deepest published K). The optional keys carry what the
+    catalog derived from it (see `autotune.catalogs._acceptance_curve`): every published ``{K: AL}`` point, the
+    per-position curve through them (``first_rate``, ``position_decay``) and, in words, how it was derived and,
+    when this workload has no figure of its own, the ``nearest`` workload whose figure it borrows.
+    """
 
     k: int
     acceptance_length: float
     source: str
+    points: NotRequired[dict[int, float]]
+    """Every published K -> AL for this workload and head (includes ``k``)."""
+    first_rate: NotRequired[float]
+    """Conditional acceptance rate of draft position 1 of the fitted curve."""
+    position_decay: NotRequired[float]
+    """Factor by which the conditional rate falls per position (1 = constant rate)."""
+    derivation: NotRequired[str]
+    """How the per-position curve was obtained (two published K, or one K plus a decay prior)."""
+    nearest: NotRequired[str]
+    """Set when the figures are borrowed from another workload of the same head: that workload's name."""
+
+
+def reference_survival(ref: ReferenceAcceptance, max_k: int) -> tuple[float, ...]:
+    """The per-position survival ``(s_1, ..., s_max_k)`` a reference predicts.
+
+    Catalog references carry their fitted curve; a bare ``{k, acceptance_length}`` (e.g. built by hand) gets the
+    constant-rate fit through its one point. Example: gpt-oss-120b P-EAGLE on MT-Bench (AL 2.68 at K = 5, decay
+    prior of parallel heads) -> s_1 = 0.72, and AL(5) reproduces 2.68.
+    """
+    if "first_rate" in ref and "position_decay" in ref:
+        return survival(ref["first_rate"], ref["position_decay"], max_k)
+    rate, decay = fit_curve({ref["k"]: ref["acceptance_length"]}, 1.0)
+    return survival(rate, decay, max_k)
 
 
 @dataclass(frozen=True)
@@ -192,44 +223,47 @@ class DrafterSpec:
     parallel_drafting: bool
     """Supports vLLM's parallel drafting (its config carries pard_token, mask_token_id or ptd_token_id)."""
     reference_acceptance: dict[str, ReferenceAcceptance]
-    """Workload name (mt-bench, humaneval, gsm8k) -> published acceptance length at depth k."""
+    """Workload name (mt-bench, humaneval, gsm8k, speed-bench) -> published acceptance length at depth k."""
     source: str
     """Where the figures come from."""
     aliases: tuple[str, ...] = ()
     """Other names accepted by `get_drafter` (case-insensitive)."""
-    acceptance_scale_by_layers: dict[int, float] = field(default_factory=dict)
-    """Layer count -> acceptance length relative to this checkpoint (P-EAGLE: {2: 0.95, 4: 1.0})."""
-    acceptance_scale_source: str = ""
-    """Where `acceptance_scale_by_layers` comes from."""
+    layer_rate_factors: dict[int, float] = field(default_factory=dict)
+    """Layer count -> factor on every conditional acceptance rate of this head for a head of that many layers
+    (derived from published layer ablations; this head's own count maps to 1.0). Other counts are hypothetical
+    variants (`with_layers`)."""
+    layer_variants_source: str = ""
+    """Where `layer_rate_factors` come from and how they were derived."""
+    draft_vocab_size: int | None = None
+    """Rows of the head's LM head; None: the target's full vocabulary (EAGLE-3 heads often keep a 32k "hot"
+    vocabulary, which makes each drafting pass much cheaper)."""
     published: bool = True
-    """False for hypothetical layer variants that no one has released."""
+    """False for heads no one has released: layer variants and paper-only heads (the model backend can predict
+    them, no engine can load them)."""
     local_path: str | None = None
     """Directory the spec was read from; None for catalog entries."""
 
     def with_layers(self, num_layers: int) -> DrafterSpec:
         """This head at another layer count: itself when unchanged, else a hypothetical variant (published=False)
-        whose reference acceptance lengths are scaled by ``acceptance_scale_by_layers``.
+        whose acceptance curves have every conditional rate multiplied by ``layer_rate_factors[num_layers]``.
 
-        Example: amazon/gpt-oss-120b-p-eagle.with_layers(2) predicts MT-Bench AL 2.68 * 0.95 = 2.546 at K=5.
+        Example: amazon/gpt-oss-120b-p-eagle.with_layers(2) keeps the MT-Bench curve's decay and scales its rates by
+        the factor that takes the paper's 4-layer average AL 3.3 to the 2-layer 3.0 (Table 11).
         """
         if num_layers == self.num_layers:
             return self
-        if num_layers not in self.acceptance_scale_by_layers:
-            known = ", ".join(str(n) for n in sorted(self.acceptance_scale_by_layers)) or "none"
+        if num_layers not in self.layer_rate_factors:
+            known = ", ".join(str(n) for n in sorted(self.layer_rate_factors)) or "none"
             raise ValueError(
-                f"{self.name} has no acceptance scale for a {num_layers}-layer head (known layer counts: {known}); "
-                "only layer counts with a published acceptance ratio can be predicted."
+                f"{self.name} has no acceptance data for a {num_layers}-layer head (known layer counts: {known}); "
+                "only layer counts with a published or derivable acceptance can be predicted."
             )
-        scale = self.acceptance_scale_by_layers[num_layers] / self.acceptance_scale_by_layers.get(self.num_layers, 1.0)
-        note = f"scaled by {scale:g} for a hypothetical {num_layers}-layer head ({self.acceptance_scale_source})"
-        reference = {
-            workload: ReferenceAcceptance(
-                k=ref["k"],
-                acceptance_length=round(ref["acceptance_length"] * scale, 4),
-                source=f"{ref['source']} -- {note}",
-            )
-            for workload, ref in self.reference_acceptance.items()
-        }
+        factor = self.layer_rate_factors[num_layers] / self.layer_rate_factors.get(self.num_layers, 1.0)
+        note = (
+            f"every conditional acceptance rate x {factor:.3f} for a hypothetical {num_layers}-layer head "
+            f"({self.layer_variants_source})"
+        )
+        reference = {workload: _scaled(ref, factor, note) for workload, ref in self.reference_acceptance.items()}
         return dataclasses.replace(
             self,
             name=f"{self.name}:{num_layers}-layer",
@@ -237,14 +271,36 @@ class DrafterSpec:
             num_layers=num_layers,
             reference_acceptance=reference,
             # A variant is a prediction from its base; predicting again from a prediction would compound guesses.
-            acceptance_scale_by_layers={},
+            layer_rate_factors={},
             source=f"HYPOTHETICAL {num_layers}-layer variant of {self.name}, not a published checkpoint; "
-            f"acceptance {note}. Base: {self.source}",
+            f"acceptance: {note}. Base: {self.source}",
             published=False,
             local_path=None,
         )
 
     def variants(self) -> list[DrafterSpec]:
         """This checkpoint followed by its hypothetical layer variants (published=False), fewest layers first."""
-        others = [self.with_layers(n) for n in sorted(self.acceptance_scale_by_layers) if n != self.num_layers]
+        others = [self.with_layers(n) for n in sorted(self.layer_rate_factors) if n != self.num_layers]
         return [self, *others]
+
+
+def _scaled(ref: ReferenceAcceptance, factor: float, note: str) -> ReferenceAcceptance:
+    rate, decay = (
+        (ref["first_rate"], ref["position_decay"])
+        if "first_rate" in ref and "position_decay" in ref
+        else fit_curve({ref["k"]: ref["acceptance_length"]}, 1.0)
+    )
+    new_rate = min(1.0, rate * factor)
+    points = {k: round(acceptance_length(new_rate, decay, k), 4) for k in ref.get("points", {ref["k"]: 0.0})}
+    out = ReferenceAcceptance(
+        k=ref["k"],
+        acceptance_length=points[ref["k"]],
+        source=f"{ref['source']} -- {note}",
+        points=points,
+        first_rate=new_rate,
+        position_decay=decay,
+        derivation=f"{ref.get('derivation', 'one-point constant-rate fit')}; then {note}",
+    )
+    if "nearest" in ref:
+        out["nearest"] = ref["nearest"]
+    return out

@@ -27,7 +27,8 @@ from autotune.cli._common import canonical_model, db_option, err_console, errors
 @click.option("--drift-threshold", type=float, default=0.15, show_default=True,
               help="Warn (suggest re-tuning) when live AL at the static K moves more than this fraction.")
 @click.option("--no-classify", is_flag=True,
-              help="Do not classify requests in the API server (only vllm_xargs.peagle_class decides the class).")
+              help="Do not classify requests in the API server (every request starts in the policy's default "
+                   "class; vllm_xargs.peagle_class can only move it to a class no deeper).")
 @click.option("--no-record", is_flag=True, help="Do not store live profiles.")
 @click.option("--dry-run", is_flag=True, help="Print the command, environment and plugin config; do not launch.")
 @db_option
@@ -55,8 +56,10 @@ def serve(
     Looks up the tuned config (the recommendation for this model and device; a policy file overrides its classes
     and caps; acceptance and step costs come from the newest stored profile), launches `vllm serve` with the
     scheduler plugin that picks the verified depth per step and per request, and stores live acceptance and step
-    times as a "live" profile. Requests pick their class with `"vllm_xargs": {"peagle_class": "code"}` (or are
-    classified by served model name and prompt) and opt out with `"vllm_xargs": {"peagle_speculate": false}`.
+    times as a "live" profile. Requests are classified by served model name and prompt; a client may ask for a
+    class with `"vllm_xargs": {"peagle_class": "code"}`, which the policy grants only if it is no deeper (its
+    `clients:` section can allow more), cap its own depth with `{"peagle_max_k": 1}` and opt out with
+    `{"peagle_speculate": false}`.
     The plugin's Prometheus gauges (peagle:*) appear in vLLM's /metrics. Arguments after `--` go to `vllm serve`.
 
     Example:

@@ -42,7 +42,8 @@ def show(
 
         peagle-tune show --trials gpt-oss-120b-nvidia-h200-mt-bench-throughput-c8 --json
     """
-    from autotune import report_tables as rt
+    from autotune.cli._tables import records_table
+    from autotune.report import objective_directions
 
     store = open_store(db_url)
     if model:
@@ -51,7 +52,8 @@ def show(
     if trials_study:
         payload["trials"] = [t.to_dict() for t in store.list_trials(study=trials_study)]
     elif studies:
-        payload["studies"] = [dict(s) if not hasattr(s, "to_dict") else s.to_dict() for s in store.list_studies()]
+        studies_found = store.list_studies(directions=objective_directions())
+        payload["studies"] = [dict(s) if not hasattr(s, "to_dict") else s.to_dict() for s in studies_found]
     elif profiles:
         payload["profiles"] = [p.to_dict() for p in store.list_profiles(model=model)]
     elif recommendations:
@@ -60,4 +62,4 @@ def show(
         click.echo(json.dumps(payload, indent=2, default=str))
         return
     for key, rows in payload.items():
-        console.print(rt.table(key, rows))
+        console.print(records_table(key, rows))

@@ -1,8 +1,14 @@
 """Profiling: one engine launch per drafter measures acceptance per class and position and the step cost T(B, K).
 
 ``profile(model, drafters, workload, ...)`` runs each drafter once at K_max with the scheduler plugin changing the
-verified depth at runtime, and returns (and stores) a `ProfileResult` per drafter. `predictor_from_profile` turns a
-stored profile into what the model backend predicts from: ``ModelBackend(acceptance=..., cost_model=...)``.
+verified depth at runtime, and returns (and stores) a `ProfileResult` per drafter.
+
+What the rest of autotune predicts from (use these instead of building a ``ModelBackend`` or parsing profiles):
+
+- `predictor_from_profile`: a stored profile as (acceptance per class, step-cost model), measured;
+- `step_cost_entries`: step-time samples in the store's ``step_costs`` form;
+- `roofline_cost_model`, `predicted_step_costs`, `predicted_goodput`: the model backend's roofline predictions for
+  catalog models on catalog GPUs, where nothing was measured.
 """
 
 from __future__ import annotations
@@ -13,16 +19,12 @@ from autotune.profiling._analysis import (
     metrics_check,
     phase_totals,
     predictor_from_profile,
+    step_cost_entries,
 )
-from autotune.profiling._profile import (
-    DEFAULT_CONCURRENCIES,
-    DEFAULT_MAX_K,
-    EngineRun,
-    ProfileResult,
-    profile,
-    run_plugin_job,
-    store_profile,
-)
+from autotune.profiling._plugin_run import EngineRun, run_plugin_job
+from autotune.profiling._predicted import predicted_goodput, predicted_step_costs, roofline_cost_model
+from autotune.profiling._profile import DEFAULT_CONCURRENCIES, DEFAULT_MAX_K, profile
+from autotune.profiling._result import ProfileResult, store_profile
 
 __all__ = [
     "DEFAULT_CONCURRENCIES",
@@ -33,8 +35,12 @@ __all__ = [
     "fit_cost_model",
     "metrics_check",
     "phase_totals",
+    "predicted_goodput",
+    "predicted_step_costs",
     "predictor_from_profile",
     "profile",
+    "roofline_cost_model",
     "run_plugin_job",
+    "step_cost_entries",
     "store_profile",
 ]

@@ -1,6 +1,6 @@
 """From the plugin's statistics to a profile: acceptance per class, step-cost samples, the fitted cost model.
 
-Pure (no vLLM): it works on `policies._plugin_config.PluginStats` read back from the engine, and on stored
+Pure (no vLLM): it works on `policies.plugin.PluginStats` read back from the engine, and on stored
 profile records.
 """
 
@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from autotune.engine import SPEC_FIELDS, add_positions, empty_snapshot
 from policies import AcceptanceProfile, StepCostModel, StepSample
-from policies._plugin_config import PluginStats
-
-SPEC_FIELDS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+from policies.plugin import PluginStats
 
 
 def acceptance_per_class(
@@ -35,20 +34,15 @@ def acceptance_per_class(
 def phase_totals(stats: PluginStats, phases: Iterable[str]) -> dict[str, Any]:
     """The plugin's draft counters summed over ``phases`` (the same quantities as vLLM's spec-decode counters)."""
     wanted = set(phases)
-    data = stats.to_dict()
-    totals: dict[str, Any] = dict.fromkeys(SPEC_FIELDS, 0)
-    per_pos: list[int] = []
-    for entry in data["acceptance"]:
+    totals = empty_snapshot()
+    for entry in stats.to_dict()["acceptance"]:
         if entry["phase"] not in wanted:
             continue
         n, depth, acc = entry["num_drafts"], entry["depth"], entry["accepted_per_position"]
         totals["num_drafts"] += n
         totals["num_draft_tokens"] += n * depth
         totals["num_accepted_tokens"] += sum(acc)
-        per_pos += [0] * (len(acc) - len(per_pos))
-        for i, v in enumerate(acc):
-            per_pos[i] += v
-    totals["accepted_per_position"] = per_pos
+        add_positions(totals["accepted_per_position"], acc)
     return totals
 
 

@@ -1,56 +1,39 @@
-"""Engine subprocess of the profiler: ``python -m autotune.profiling._worker JOB.json RESULT.json``.
+"""The profiling job: ``python -m autotune.profiling._worker JOB.json RESULT.json`` on the engine's worker harness.
 
 One process = one engine launch for one drafter at K_max, with `policies.scheduler.PeagleScheduler` installed
 (the parent sets ``PEAGLE_SCHEDULER_CONFIG``). It runs a short warm-up, then one closed-loop phase per concurrency:
 exactly ``concurrency`` requests in flight (a new one is added as soon as one finishes), every request labelled
 with its workload class and phase through ``SamplingParams.extra_args`` so the plugin can split its statistics.
 
-Job (JSON): ``model``, ``engine_kwargs`` (``LLM(...)`` arguments, speculative config and scheduler included),
-``phases`` ([{"name", "concurrency", "requests": [{"class", request fields...}]}]), ``warmup`` (request dicts with
-"class"), ``ignore_eos``, ``return_outputs``.
+Job keys besides the harness's (``model``, ``engine_kwargs``): ``phases`` ([{"name", "concurrency", "requests":
+[{"class", request fields...}]}]), ``warmup`` (request dicts with "class"), ``ignore_eos``, ``return_outputs``.
 
-Result (JSON): ``{"ok": true, "timings": {...}, "phases": [{"name", "concurrency", "num_requests", "output_tokens",
-"wall_s", "spec"}], "spec_before": ..., "spec_after": ...}`` (vLLM's cumulative ``vllm:spec_decode_*`` counters
-around all measured phases; "spec" is the delta over one phase) or ``{"ok": false, "phase", "exc_type",
-"exc_types", "message"}``. Phase marks go to stdout in the vllm backend's format, so its failure classification
-applies unchanged.
+Result: ``"phases": [{"name", "concurrency", "num_requests", "output_tokens", "wall_s", "spec"}]``,
+``"spec_before"``/``"spec_after"`` (vLLM's cumulative ``vllm:spec_decode_*`` counters around all measured phases;
+"spec" is the delta over one phase), ``"outputs"`` (with ``return_outputs``) and the timings ``warmup_s`` and
+``measure_s``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
 from collections import deque
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends._vllm_worker import PHASE_MARK, spec_delta, spec_snapshot
-from policies._plugin_config import CLASS_KEY, PHASE_KEY
+from autotune.engine import (
+    WARMUP_MAX_TOKENS,
+    EngineSession,
+    enter,
+    request_from_dict,
+    snapshot_from_metrics,
+    spec_delta,
+    worker_main,
+)
+from policies.plugin import CLASS_KEY, PHASE_KEY
 
 WARMUP_PHASE = "warmup"
-#: Warm-up requests are cut to this many tokens: enough to run prefill, drafting and verification once.
-WARMUP_MAX_TOKENS = 16
-
-_phase = "start"
-_engine: Any = None
-
-
-def _enter(phase: str) -> None:
-    global _phase
-    _phase = phase
-    print(f"{PHASE_MARK}{phase}", flush=True)
-
-
-def _prompt(request: dict[str, Any], tokenizer: Any) -> str:
-    """Plain prompts as they are; chat messages through the tokenizer's chat template when it has one."""
-    if request.get("prompt") is not None:
-        return str(request["prompt"])
-    messages = list(request.get("messages") or ())
-    if getattr(tokenizer, "chat_template", None):
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages)
 
 
 def run_closed_loop(
@@ -82,49 +65,39 @@ def run_closed_loop(
     return [finished[i] for i in sorted(finished)], time.perf_counter() - start
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    _enter("import")
-    from vllm import LLM, SamplingParams
+def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, Any]:
+    """Warm up, then run each phase closed-loop with its requests labelled (class, phase) for the plugin."""
+    from vllm import SamplingParams
 
-    timings["import_s"] = time.perf_counter() - t
-    _enter("load")
-    t = time.perf_counter()
-    global _engine
-    llm = _engine = LLM(model=job["model"], **job["engine_kwargs"])
-    timings["load_s"] = time.perf_counter() - t
-    tokenizer = llm.get_tokenizer()
+    llm, timings = session.llm, session.timings
     engine = llm.llm_engine
     ignore_eos = bool(job.get("ignore_eos", False))
 
-    def params(r: dict[str, Any], phase: str, max_tokens: int | None = None) -> Any:
-        return SamplingParams(
-            temperature=float(r.get("temperature", 0.0)),
-            max_tokens=int(max_tokens or r.get("max_tokens", 128)),
+    def pair(r: Mapping[str, Any], phase: str, max_tokens: int | None = None) -> tuple[str, Any]:
+        request = request_from_dict(r)
+        params = SamplingParams(
+            temperature=request.temperature,
+            max_tokens=min(request.max_tokens, max_tokens or request.max_tokens),
             ignore_eos=ignore_eos,
             extra_args={CLASS_KEY: r["class"], PHASE_KEY: phase},
         )
+        return session.prompt(request), params
 
-    _enter("warmup")
+    enter("warmup")
     t = time.perf_counter()
-    warm = list(job.get("warmup") or [])
+    warm = [pair(r, WARMUP_PHASE, WARMUP_MAX_TOKENS) for r in job.get("warmup") or []]
     if warm:
-        pairs = [
-            (_prompt(r, tokenizer), params(r, WARMUP_PHASE, min(int(r.get("max_tokens", 128)), WARMUP_MAX_TOKENS)))
-            for r in warm
-        ]
-        run_closed_loop(engine, pairs, len(pairs), WARMUP_PHASE)
+        run_closed_loop(engine, warm, len(warm), WARMUP_PHASE)
     timings["warmup_s"] = time.perf_counter() - t
 
-    _enter("measure")
-    before = spec_snapshot(llm.get_metrics())
+    enter("measure")
+    before = snapshot_from_metrics(llm.get_metrics())
     phases: list[dict[str, Any]] = []
     outputs: dict[str, Any] = {}
     for n, phase in enumerate(job["phases"]):
         name, concurrency = str(phase["name"]), int(phase["concurrency"])
-        pairs = [(_prompt(r, tokenizer), params(r, name)) for r in phase["requests"]]
-        phase_before = spec_snapshot(llm.get_metrics())
+        pairs = [pair(r, name) for r in phase["requests"]]
+        phase_before = snapshot_from_metrics(llm.get_metrics())
         finished, wall = run_closed_loop(engine, pairs, concurrency, f"{name}.{n}")
         phases.append(
             {
@@ -133,62 +106,18 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 "num_requests": len(finished),
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in finished if o.outputs),
                 "wall_s": wall,
-                "spec": spec_delta(phase_before, spec_snapshot(llm.get_metrics())),
+                "spec": spec_delta(phase_before, snapshot_from_metrics(llm.get_metrics())),
             }
         )
         if job.get("return_outputs"):
             outputs.setdefault(name, []).extend(list(o.outputs[0].token_ids) for o in finished)
-    after = spec_snapshot(llm.get_metrics())
+    after = snapshot_from_metrics(llm.get_metrics())
     timings["measure_s"] = float(sum(float(p["wall_s"]) for p in phases))
-    _enter("done")
-    result: dict[str, Any] = {
-        "ok": True, "timings": timings, "phases": phases, "spec_before": before, "spec_after": after,
-    }
+    result: dict[str, Any] = {"phases": phases, "spec_before": before, "spec_after": after}
     if job.get("return_outputs"):
         result["outputs"] = outputs
     return result
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)  # atomic: the parent never reads half a result
-
-
-def _shutdown_engine() -> None:
-    """Stop the engine core now (the result is written); this also makes the plugin write its final stats."""
-    core = getattr(getattr(_engine, "llm_engine", None), "engine_core", None)
-    if core is None:
-        return
-    try:
-        core.shutdown(timeout=0)
-    except Exception:  # the parent kills the whole process group next, whatever happens here
-        traceback.print_exc()
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m autotune.profiling._worker JOB.json RESULT.json", file=sys.stderr)
-        return 2
-    job = json.loads(Path(argv[0]).read_text())
-    _enter("start")
-    try:
-        result = run_job(job)
-    except BaseException as exc:  # report every failure, including SystemExit from deep inside the engine
-        traceback.print_exc()
-        sys.stderr.flush()
-        result = {
-            "ok": False,
-            "phase": _phase,
-            "exc_type": type(exc).__name__,
-            "exc_types": [c.__name__ for c in type(exc).__mro__],
-            "message": str(exc),
-        }
-    _write_json(Path(argv[1]), result)
-    sys.stdout.flush()
-    _shutdown_engine()
-    return 0 if result["ok"] else 1
-
-
 if __name__ == "__main__":  # the guard vLLM needs: its engine core is spawned and re-imports __main__
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(worker_main("autotune.profiling._worker", sys.argv[1:], profile_phases))

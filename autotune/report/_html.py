@@ -1,6 +1,9 @@
 """The report page: one self-contained index.html (inline CSS, no scripts) beside its PNGs.
 
-Every piece of text from the database goes through `html.escape`.
+Every piece of text from the database goes through `html.escape` (quotes too), and numbers are formatted only when
+they are numbers: a database anyone can write to (a shared SQLite file, a fleet's PostgreSQL) must not be able to
+put markup or script into the page, nor stop it from being written. `tests/test_reliability_report.py` stores a
+class named ``<img src=x onerror=alert(1)>`` (and worse) in every text field and checks the page.
 """
 
 from __future__ import annotations
@@ -134,13 +137,19 @@ def objective_label(rec: RecommendationRecord) -> str:
 
 
 def scenario_label(scenario: dict[str, Any]) -> str:
-    if scenario.get("request_rate"):
-        return f"{scenario['request_rate']:g} requests/s"
-    return f"concurrency {scenario.get('concurrency', '?')}"
+    """"8 requests/s" or "concurrency 8" (plain text: escape it before putting it in the page)."""
+    rate = scenario.get("request_rate")
+    if rate:
+        return f"{rate:g} requests/s" if _is_number(rate) else f"{str(rate)[:40]} requests/s"
+    return f"concurrency {str(scenario.get('concurrency', '?'))[:40]}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:
-    if value is None or not isinstance(value, int | float):
+    if not _is_number(value):
         return "-"
     return f"{value:{fmt}}{suffix}"
 
@@ -153,7 +162,7 @@ def _schedule_entry(entry: dict[str, Any]) -> str:
 
 def _p99(metrics: dict[str, Any]) -> str:
     value = metrics.get("tpot_ms_p99")
-    if not isinstance(value, int | float):
+    if not _is_number(value):
         return ""
     copied = "tpot_ms_p99" in (metrics.get("p99_from_p50") or [])
     note = " (set to p50: the prediction has no tail)" if copied else ""
@@ -204,8 +213,10 @@ def _summary_card(rec: RecommendationRecord) -> str:
         sched = ", ".join(_schedule_entry(e) for e in rec.schedule if isinstance(e, dict))
         parts.append(f"<p>Batch-size schedule (best K per batch size): {escape(sched)}</p>")
     if rec.class_policy:
-        pol = ", ".join(f"{c}: K&le;{escape(str(v.get('max_k')))}" if isinstance(v, dict) else escape(str(c))
-                        for c, v in sorted(rec.class_policy.items()))
+        pol = ", ".join(
+            f"{escape(str(c))}: K&le;{escape(str(v.get('max_k')))}" if isinstance(v, dict) else escape(str(c))
+            for c, v in sorted(rec.class_policy.items())
+        )
         parts.append(f"<p>Per-class depth caps: {pol}</p>")
     parts.append(f'<p class="prov">{escape(provenance_caption(rec.provenance))} Recommendation #{rec.id}, '
                  f"{escape(rec.created_at.strftime('%Y-%m-%d %H:%M UTC'))}.</p></div>")
@@ -217,10 +228,12 @@ def headline(recs: Sequence[RecommendationRecord]) -> str | None:
     points = []
     for r in recs:
         c = r.scenario.get("concurrency")
-        if r.scenario.get("request_rate") or not c:
+        if r.scenario.get("request_rate") or not isinstance(c, int) or isinstance(c, bool) or c < 1:
             continue
         k = r.best_config.get("num_speculative_tokens", 0) if r.best_config.get("method", "none") != "none" else 0
-        points.append((int(c), int(k)))
+        if not isinstance(k, int) or isinstance(k, bool):
+            continue
+        points.append((c, k))
     if len(points) < 2:
         return None
     points.sort()

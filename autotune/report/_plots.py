@@ -22,6 +22,9 @@ def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # Labels hold names from the database (classes, drafters, studies): "$...$" in one must print as text, not
+    # be parsed as math (an unbalanced "$\frac{$" class name stopped the whole report).
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import PeagleError
-from autotune.spec import MAX_K, Scenario, SpecConfig
+from autotune.search import OBJECTIVES, Objective
+from autotune.spec import MAX_K, SpecConfig
 from policies import AcceptanceProfile, StepCostModel, StepSample
-from store import ProfileRecord, RecommendationRecord, TrialRecord, default_direction
+from store import Direction, ProfileRecord, RecommendationRecord, TrialRecord
 
 CONFIDENCE = 0.95
 """Confidence level of every interval the report draws."""
@@ -529,34 +530,15 @@ def backend_context(recs: Sequence[RecommendationRecord]) -> BackendContext | No
     return BackendContext(first.model, first.gpu, first.workload_name or "mt-bench", config, sizes)
 
 
-def _backend(ctx: BackendContext) -> tuple[Any, Any] | None:
-    from autotune.backends.model import ModelBackend
-    from autotune.workloads import load_workload
-
-    try:
-        return ModelBackend(ctx.model, ctx.gpu), load_workload(ctx.workload)
-    except (PeagleError, OSError):
-        return None
-
-
 def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputData | None, str]:
     """Predicted tokens/s per K (0..max_k) and batch size from the model backend; (None, why) if it cannot run."""
-    made = _backend(ctx)
-    if made is None:
+    from autotune.profiling import predicted_goodput
+
+    predicted = predicted_goodput(ctx.model, ctx.gpu, ctx.workload, ctx.config, ctx.batch_sizes, max_k)
+    if predicted is None:
         return None, f"the model backend cannot load {ctx.model} / workload {ctx.workload}"
-    backend, workload = made
+    values, provenance = predicted
     ks = list(range(max_k + 1))
-    values: dict[int, list[float]] = {}
-    provenance = ""
-    for b in ctx.batch_sizes:
-        row = []
-        for k in ks:
-            c = ctx.config.with_(num_speculative_tokens=k, max_num_seqs=b) if k else SpecConfig(max_num_seqs=b)
-            m = backend.measure(c, workload, Scenario(concurrency=b))
-            row.append(float(m.output_tokens_per_s) if m.ok and m.output_tokens_per_s else math.nan)
-            if k and m.ok and not provenance:
-                provenance = m.provenance.describe()
-        values[b] = row
     _, _, published_k = _references(ctx.config.drafter, ctx.model)
     pd = " +parallel drafting" if ctx.config.parallel_drafting else ""
     return (
@@ -577,30 +559,21 @@ def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputDa
 
 def step_cost_from_backend(ctx: BackendContext, max_k: int = 8) -> StepCostData | None:
     """The model backend's predicted step time per depth over batch size (roofline; nothing measured)."""
-    made = _backend(ctx)
-    if made is None:
-        return None
-    backend, _ = made
-    grid = _dense_batches(ctx.batch_sizes)
-    lines: dict[int, list[tuple[int, float]]] = {}
-    for k in range(max_k + 1):
-        c = ctx.config.with_(num_speculative_tokens=k) if k else SpecConfig()
-        try:
-            lines[k] = [(b, backend.predict_step_ms(c, b)) for b in grid]
-        except PeagleError:
-            continue
-    if not lines:
+    from autotune.profiling import predicted_step_costs
+
+    predicted = predicted_step_costs(ctx.model, ctx.gpu, ctx.config, _dense_batches(ctx.batch_sizes), max_k)
+    if predicted is None:
         return None
     return StepCostData(
         title=f"Predicted step time T(B, K): {short_name(ctx.model)} / {short_name(ctx.config.drafter)}",
         caption=(
-            f"Predicted by the model backend ({backend.step_cost_source}) for {backend.device} (GPU assumed); "
+            f"Predicted by the model backend ({predicted.source}) for {predicted.device} (GPU assumed); "
             "nothing measured. Profile on the GPU to replace it with measurements."
         ),
         measured=False,
         samples=[],
-        model_lines=lines,
-        model_label=f"predicted ({backend.step_cost_source})",
+        model_lines=predicted.lines,
+        model_label=f"predicted ({predicted.source})",
     )
 
 
@@ -659,11 +632,14 @@ def study_data(
     rate, conc = scen.get("request_rate"), scen.get("concurrency")
     scenario = f"request rate {rate}/s" if rate else (f"concurrency {conc}" if conc else "scenario not stored")
     caption = f"Study {study}, {scenario}, {len(trials)} trials. {caption}"
+    # A value no objective declares (a figure a hand-written study stored) is drawn higher-is-better, the figures'
+    # default; its axis label says so.
+    known = objective_directions()
     return StudyData(
         study=study,
         model=first.model,
         objectives=objectives,
-        directions={o: default_direction(o) for o in objectives},
+        directions={o: known.get(o, "maximize") for o in objectives},
         trials=points,
         caption=caption,
         scenario=scenario,
@@ -671,6 +647,24 @@ def study_data(
         recommended=recommended,
         slos=dict(slos or {}),
     )
+
+
+def objective_directions() -> dict[str, Direction]:
+    """Which way is better for each name a study stores trial values under: {name: "maximize" | "minimize"}.
+
+    Taken from `autotune.search.Objective`: every objective's `value_names` with its `directions`
+    (output_tokens_per_s: maximize; tpot_ms_p50, tpot_ms_p99: minimize), and each single-valued objective's own
+    name with its one direction (throughput: maximize, latency: minimize), as hand-written studies store them. A name
+    no objective declares is not in it.
+    """
+    out: dict[str, Direction] = {}
+    for name in OBJECTIVES:
+        # goodput needs an SLO to exist; an SLO bound never changes a direction.
+        objective = Objective(name, slo_tpot_p99_ms=1.0)
+        out.update(zip(objective.value_names, objective.directions, strict=True))
+        if not objective.multi:
+            out.setdefault(name, objective.directions[0])
+    return out
 
 
 def slos_of(recommendation: RecommendationRecord) -> dict[str, float]:

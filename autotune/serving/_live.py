@@ -19,12 +19,12 @@ drafts judged at every position up to K suggests re-tuning.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from policies import AcceptanceProfile, StepCostModel, StepSample, mix
-from policies._plugin_config import PluginStats
+from policies.plugin import PluginStats
 
 __all__ = [
     "DEFAULT_DRIFT_THRESHOLD",
@@ -236,11 +236,3 @@ def profile_notes(live: LiveProfile, extra: Mapping[str, Any] | None = None) -> 
         notes["fit_error"] = live.cost_model.fit_error()
     notes.update(extra or {})
     return notes
-
-
-def step_cost_entries(samples: Iterable[StepSample]) -> list[dict[str, Any]]:
-    """Samples in the store's ``step_costs`` form (``verified_tokens`` and ``drafter_ran`` say how each step was
-    shaped; ``depth`` is the per-request mean for steps with mixed depths)."""
-    from autotune.profiling._analysis import step_cost_entries as entries
-
-    return entries(samples)

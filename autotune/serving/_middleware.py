@@ -3,10 +3,18 @@
 vLLM's engine (where the scheduler plugin runs) sees token ids and ``SamplingParams.extra_args``, not the request's
 model name or prompt text, so classification by served model name or by the built-in prompt classifier has to
 happen in the API server. `peagle-tune serve` installs `PeagleClassMiddleware` with ``vllm serve --middleware``.
-For ``POST /v1/completions`` and ``/v1/chat/completions`` without ``vllm_xargs.peagle_class`` it sets
-``vllm_xargs.peagle_class`` to `policies.RequestPolicy.classify` of (served model name, prompt text); vLLM passes
-``vllm_xargs`` on as ``SamplingParams.extra_args``. A request that names its class keeps it. Any failure leaves the
-request untouched: the middleware never fails a request.
+
+For ``POST /v1/completions`` and ``/v1/chat/completions`` it sets ``vllm_xargs.peagle_class`` to
+`policies.RequestPolicy.classify` of (the client's ``peagle_class``, served model name, prompt text): the operator's
+policy decides, and a client's own label only counts where the policy lets it (never raising the request's cap,
+never replacing a ``model_classes`` assignment by default; see `policies.RequestPolicy.resolve`). With the
+per-launch key in ``PEAGLE_LABEL_KEY`` it also stamps that class (``vllm_xargs.peagle_route``,
+`policies.plugin.route_stamp`) so the engine can tell the operator's assignment from a client's claim; a stamp a
+client sent is dropped. vLLM passes ``vllm_xargs`` on as ``SamplingParams.extra_args``.
+
+Requests the middleware does not see (other endpoints, bodies over 64 MiB) reach the engine unstamped, where the
+plugin resolves their labels against the policy's default class: they can lose the model-name class, never gain a
+deeper cap. Any failure leaves the request untouched: the middleware never fails a request.
 """
 
 from __future__ import annotations
@@ -17,8 +25,8 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from policies import RequestPolicy
-from policies._request_policy import CLASS_KEY
+from policies import CLASS_KEY, RequestPolicy
+from policies.plugin import LABEL_KEY_ENV, ROUTE_KEY, route_stamp
 
 __all__ = ["CLASSIFIED_PATHS", "PeagleClassMiddleware", "label_request", "prompt_text"]
 
@@ -55,21 +63,28 @@ def prompt_text(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
-def label_request(payload: dict[str, Any], policy: RequestPolicy) -> bool:
-    """Set ``payload["vllm_xargs"]["peagle_class"]`` from the policy when the request does not name a class.
+def label_request(payload: dict[str, Any], policy: RequestPolicy, route_key: str | bytes | None = None) -> bool:
+    """Set ``payload["vllm_xargs"]["peagle_class"]`` to the class the policy gives the request, and (with
+    ``route_key``) ``vllm_xargs["peagle_route"]`` to its stamp; a client's own ``peagle_route`` is removed.
 
     Returns True when the payload changed. Example: with ``model_classes={"coder": "code"}``, the payload
-    ``{"model": "coder", "prompt": "hi"}`` gets ``vllm_xargs == {"peagle_class": "code"}``; a payload that already
-    has ``vllm_xargs.peagle_class`` is left alone.
+    ``{"model": "coder", "prompt": "hi", "vllm_xargs": {"peagle_class": "legal"}}`` gets
+    ``vllm_xargs == {"peagle_class": "code"}``: a client label does not replace the model name's class.
     """
     xargs = payload.get("vllm_xargs")
     if xargs is None:
         xargs = {}
-    if not isinstance(xargs, dict) or CLASS_KEY in xargs:
+    if not isinstance(xargs, dict):  # vLLM rejects the request itself
         return False
     model = payload.get("model")
-    cls = policy.classify(None, model if isinstance(model, str) else None, prompt_text(payload))
+    cls = policy.classify(xargs, model if isinstance(model, str) else None, prompt_text(payload))
+    before = dict(xargs)
+    xargs.pop(ROUTE_KEY, None)
     xargs[CLASS_KEY] = cls
+    if route_key:
+        xargs[ROUTE_KEY] = route_stamp(cls, route_key)
+    if xargs == before and "vllm_xargs" in payload:
+        return False
     payload["vllm_xargs"] = xargs
     return True
 
@@ -91,11 +106,19 @@ def _load_policy() -> RequestPolicy | None:
 
 class PeagleClassMiddleware:
     """ASGI middleware (``vllm serve --middleware autotune.serving.PeagleClassMiddleware``); see the module
-    docstring. The policy comes from the JSON file named by ``PEAGLE_POLICY``."""
+    docstring. The policy comes from the JSON file named by ``PEAGLE_POLICY``, the stamp key from
+    ``PEAGLE_LABEL_KEY`` (none: no stamp; the engine then keeps every request in the policy's default class or
+    lower)."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], policy: RequestPolicy | None = None):
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        policy: RequestPolicy | None = None,
+        route_key: str | bytes | None = None,
+    ):
         self.app = app
         self.policy = policy if policy is not None else _load_policy()
+        self.route_key = route_key if route_key is not None else (os.environ.get(LABEL_KEY_ENV) or None)
         self._warned = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -144,7 +167,7 @@ class PeagleClassMiddleware:
         assert self.policy is not None
         try:
             payload = json.loads(raw)
-            if isinstance(payload, dict) and label_request(payload, self.policy):
+            if isinstance(payload, dict) and label_request(payload, self.policy, self.route_key):
                 return json.dumps(payload).encode()
         except Exception as exc:  # noqa: BLE001 - never fail a request because of classification
             if not self._warned:

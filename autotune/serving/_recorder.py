@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.profiling import step_cost_entries
 from autotune.serving._live import (
     DEFAULT_DRIFT_THRESHOLD,
     DEFAULT_MIN_DRAFTS,
@@ -15,10 +17,9 @@ from autotune.serving._live import (
     check_drift,
     live_profile,
     profile_notes,
-    step_cost_entries,
 )
 from autotune.serving._tuned import TunedConfig
-from policies._plugin_config import PluginConfigError, PluginStats
+from policies.plugin import PluginConfigError, PluginStats
 
 __all__ = ["LiveRecorder"]
 
@@ -33,6 +34,9 @@ class LiveRecorder:
     returns it, so the next `peagle-tune serve` or model-backend search starts from production data. It also
     compares live AL at the static K with the tuned reference (`check_drift`) and logs a re-tune suggestion once
     per drifted set of classes.
+
+    Only classes the served policy knows (`policies.RequestPolicy.known_classes`, at most `policies.MAX_CLASSES`) are
+    stored: a live profile seeds later servers and searches, so request labels must never grow it.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class LiveRecorder:
         live = self.read()
         if live is None:
             return None
+        live = self._known_classes_only(live)
         self.last_live = live
         if live.fallback and live.errors and self._recorded_steps < 0:
             self.log(f"peagle-tune serve: the scheduler plugin fell back to the static depth: {live.errors[0]}")
@@ -88,6 +93,13 @@ class LiveRecorder:
         self._recorded_steps = live.decode_steps
         self.profile_ids.append(profile_id)
         return profile_id
+
+    def _known_classes_only(self, live: LiveProfile) -> LiveProfile:
+        known = self.tuned.policy.known_classes
+        if all(c in known for c in live.acceptance):
+            return live
+        keep = {c: p for c, p in live.acceptance.items() if c in known}
+        return dataclasses.replace(live, acceptance=keep, judged={c: j for c, j in live.judged.items() if c in keep})
 
     def _check_drift(self, live: LiveProfile) -> None:
         reference = self.tuned.reference_acceptance_length()

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
+from autotune.engine import (
+    HEALTH_POLL_S,
+    is_healthy,
+    kill_process_group,
+    signal_process_group,
+    start_process_group,
+)
 from autotune.serving._launch import ServeLaunch
+from policies.plugin import LABEL_KEY_ENV
 
 __all__ = ["run_server"]
 
-_POLL_S = 0.5
 _SHUTDOWN_GRACE_S = 60.0
+"""How long a signalled server may take to stop (vLLM drains requests, the plugin flushes) before it is killed."""
 
 
 def run_server(
@@ -46,17 +53,20 @@ def run_server(
     launch.write_files()
     env = dict(os.environ)
     env.update(launch.env)
+    # A fresh secret per launch: the middleware stamps each request's class with it and the engine trusts only
+    # stamped classes (`policies.plugin.labels`), so a client cannot claim a class the operator did not give it.
+    env[LABEL_KEY_ENV] = secrets.token_hex(32)
     env.update(extra_env or {})
-    proc = subprocess.Popen(list(launch.argv), env=env, start_new_session=True)
+    proc = start_process_group(launch.argv, None, env)
     stopping: dict[str, float] = {}
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if "since" in stopping:
             log("peagle-tune serve: second signal, killing the server.")
-            _kill_group(proc, signal.SIGKILL)
+            signal_process_group(proc, signal.SIGKILL)
             return
         stopping["since"] = time.monotonic()
-        _kill_group(proc, signum)
+        signal_process_group(proc, signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -66,11 +76,11 @@ def run_server(
     try:
         while proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_POLL_S)
+                proc.wait(timeout=HEALTH_POLL_S)
             now = time.monotonic()
             if stop is not None and stop.is_set() and "since" not in stopping:
                 forward(signal.SIGTERM, None)
-            if not announced and proc.poll() is None and _healthy(launch.base_url):
+            if not announced and proc.poll() is None and is_healthy(launch.base_url):
                 announced = True
                 log(
                     f"peagle-tune serve: ready at {launch.base_url}/v1 (metrics, with peagle:* gauges: "
@@ -78,17 +88,14 @@ def run_server(
                 )
             if "since" in stopping and now - stopping["since"] > shutdown_grace_s:
                 log(f"peagle-tune serve: the server did not stop within {shutdown_grace_s:.0f} s; killing it.")
-                _kill_group(proc, signal.SIGKILL)
+                signal_process_group(proc, signal.SIGKILL)
             if recorder is not None and now >= next_record:
                 next_record = now + record_every_s
                 _safe_record(recorder, log)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if proc.poll() is None:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
-        _kill_group(proc, signal.SIGKILL)  # engine processes left behind by an unclean exit
+        kill_process_group(proc)  # the server if it still runs, and engine processes left behind by an unclean exit
         if recorder is not None:
             _safe_record(recorder, log)
         launch.cleanup()
@@ -104,16 +111,3 @@ def _safe_record(recorder: Any, log: Callable[[str], None]) -> None:
         return
     if profile_id is not None:
         log(f"peagle-tune serve: stored live profile #{profile_id}.")
-
-
-def _kill_group(proc: subprocess.Popen[Any], signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signum)
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=1) as resp:  # noqa: S310 - our own server URL
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False

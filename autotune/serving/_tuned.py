@@ -21,13 +21,10 @@ from typing import Any
 
 from autotune.errors import ConfigError, UsageError
 from autotune.spec import SpecConfig
-from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, StepSample, load_policy
-from policies._plugin_config import PluginConfig
+from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, load_policy
+from policies.plugin import PluginConfig
 
 __all__ = ["TunedConfig", "plugin_config", "resolve_tuned_config"]
-
-_ROOFLINE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
 
 @dataclass(frozen=True)
 class TunedConfig:
@@ -193,7 +190,7 @@ def _clip_classes(classes: Mapping[str, ClassPolicy], depth: int) -> dict[str, C
 
 def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) -> TunedConfig:
     """Acceptance priors and the step-cost model: newest profile, else the recommendation and the roofline."""
-    from autotune.profiling import predictor_from_profile
+    from autotune.profiling import predictor_from_profile, roofline_cost_model
 
     spec = tuned.spec
     rec = tuned.recommendation
@@ -261,26 +258,6 @@ def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) 
     )
 
 
-def roofline_cost_model(model: str, device: str, spec: SpecConfig) -> StepCostModel | None:
-    """A `StepCostModel` fitted to roofline predictions (predicted, not measured) for a catalog model on a catalog
-    GPU, at batch sizes 1..min(256, max_num_seqs) and depths 0..K; None when either is not in the catalogs."""
-    from autotune.backends.model import ModelBackend
-    from autotune.catalogs import get_gpu, resolve_model
-    from autotune.errors import PeagleError
-
-    try:
-        backend = ModelBackend(resolve_model(model), get_gpu(device))
-        sizes = [b for b in _ROOFLINE_BATCH_SIZES if b <= max(spec.max_num_seqs, 1)] or [1]
-        samples = []
-        for b in sizes:
-            samples.append(StepSample(b, 0, backend.predict_step_ms(SpecConfig(max_num_seqs=spec.max_num_seqs), b)))
-            for k in range(1, spec.k + 1):
-                samples.append(StepSample(b, k, backend.predict_step_ms(spec.with_(num_speculative_tokens=k), b)))
-        return StepCostModel.fit(samples, sequential=not spec.parallel_drafting)
-    except (PeagleError, ValueError, KeyError):
-        return None
-
-
 def plugin_config(
     tuned: TunedConfig,
     stats_path: str | Path | None,
@@ -300,11 +277,13 @@ def plugin_config(
         **(overrides or {}),
     }
     if not tuned.adaptive:
-        return PluginConfig(mode="static", **common)
+        # The policy resolves request labels in the engine too (a client's label never raises its cap).
+        return PluginConfig(mode="static", **{"policy": tuned.policy.to_dict(), **common})
     assert tuned.cost_model is not None
+    known = tuned.policy.known_classes  # priors of classes no request can be in are dead weight (and unbounded)
     adaptive = {
         "policy": tuned.policy.to_dict(),
         "cost_model": tuned.cost_model.to_dict(),
-        "acceptance": {cls: p.to_dict() for cls, p in sorted(tuned.acceptance.items())},
+        "acceptance": {cls: p.to_dict() for cls, p in sorted(tuned.acceptance.items()) if cls in known},
     }
     return PluginConfig(mode="adaptive", adaptive=adaptive, **common)

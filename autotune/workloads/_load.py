@@ -137,7 +137,7 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
 
     - built-ins: `list_builtin_workloads()` ("mt-bench", "humaneval", "gsm8k", "mixed"), also as ``builtin:<name>``;
     - ``*.jsonl``: one record per line, {"prompt": str} or {"messages": [{"role", "content"}]}, with optional
-      "class" (default "default"), "max_tokens" (> 0), "temperature" (>= 0);
+      "class" (default "default"), "max_tokens" (1 to 10,000,000), "temperature" (>= 0);
     - ``*.json``: a ShareGPT list; each conversation's first human turn (after any system turns) becomes one chat
       request of class "sharegpt";
     - ``hf:<dataset>``: a Hugging Face dataset (needs the `datasets` package and hub access).

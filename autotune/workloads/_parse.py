@@ -12,14 +12,18 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 from autotune.workloads._workload import WorkloadRequest
+from policies import decode_json_at, load_json_text
 
 DEFAULT_CLASS = "default"
+#: Largest "max_tokens" a record may ask for: the longest context window of any released model (Llama 4 Scout,
+#: 10M tokens). Larger values are typos or hostile, and would make a trial or a prediction run (nearly) forever.
+MAX_TOKENS_LIMIT = 10_000_000
 SHAREGPT_CLASS = "sharegpt"
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 JSONL_EXPECTED = (
     'expected one JSON object per line with "prompt" (string) or "messages" (list of {"role", "content"} '
-    'strings), and optionally "class" (string, default "default"), "max_tokens" (integer > 0), '
+    'strings), and optionally "class" (string, default "default"), "max_tokens" (integer > 0, <= 10,000,000), '
     '"temperature" (number >= 0), "id", "metadata"'
 )
 SHAREGPT_EXPECTED = (
@@ -35,6 +39,12 @@ def _fail(where: str, what: str, expected: str = JSONL_EXPECTED) -> WorkloadErro
     return WorkloadError(f"{where}: {what}; {expected}")
 
 
+def _names(keys: list[str], shown: int = 5) -> str:
+    """The first `shown` of `keys`, each cut to 40 characters (a hostile record may hold thousands of long keys)."""
+    listed = ", ".join(f"{k!r:.40}" for k in keys[:shown])
+    return f"[{listed}{f', ... ({len(keys)} in all)' if len(keys) > shown else ''}]"
+
+
 def _messages(raw: Any, where: str) -> tuple[dict[str, str], ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(where, f'"messages" must be a non-empty list, but got {json.dumps(raw)[:60]}')
@@ -44,12 +54,12 @@ def _messages(raw: Any, where: str) -> tuple[dict[str, str], ...]:
             raise _fail(where, f"message {i} must be an object, but got {type(message).__name__}")
         extra = sorted(set(message) - {"role", "content"})
         if extra:
-            raise _fail(where, f"message {i} has unsupported keys {extra}")
+            raise _fail(where, f"message {i} has unsupported keys {_names(extra)}")
         role, content = message.get("role"), message.get("content")
         if role not in CHAT_ROLES:
-            raise _fail(where, f"message {i} has role {role!r}, not one of {', '.join(CHAT_ROLES)}")
+            raise _fail(where, f"message {i} has role {role!r:.40}, not one of {', '.join(CHAT_ROLES)}")
         if not isinstance(content, str) or not content.strip():
-            raise _fail(where, f'message {i} needs a non-empty string "content", but got {content!r}'[:200])
+            raise _fail(where, f'message {i} needs a non-empty string "content", but got {content!r:.60}')
         out.append({"role": role, "content": content})
     return tuple(out)
 
@@ -60,7 +70,7 @@ def request_from_record(record: Any, where: str) -> tuple[str, WorkloadRequest]:
         raise _fail(where, f"a record must be a JSON object, but got {type(record).__name__}")
     unknown = sorted(set(record) - _RECORD_KEYS)
     if unknown:
-        raise _fail(where, f"unknown keys {unknown}")
+        raise _fail(where, f"unknown keys {_names(unknown)}")
     has_prompt, has_messages = "prompt" in record, "messages" in record
     if has_prompt and has_messages:
         raise _fail(where, 'the record has both "prompt" and "messages"; give one of them')
@@ -79,8 +89,9 @@ def request_from_record(record: Any, where: str) -> tuple[str, WorkloadRequest]:
     if not isinstance(cls, str) or not cls.strip():
         raise _fail(where, f'"class" must be a non-empty string, but got {json.dumps(cls)[:60]}')
     max_tokens = record.get("max_tokens", WorkloadRequest.max_tokens)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
-        raise _fail(where, f'"max_tokens" must be an integer > 0, but got {json.dumps(max_tokens)[:60]}')
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 < max_tokens <= MAX_TOKENS_LIMIT:
+        shown = json.dumps(max_tokens)[:60]
+        raise _fail(where, f'"max_tokens" must be an integer > 0 and <= {MAX_TOKENS_LIMIT:,}, but got {shown}')
     temperature = record.get("temperature", WorkloadRequest.temperature)
     if (
         isinstance(temperature, bool)
@@ -103,7 +114,7 @@ def parse_jsonl(text: str, label: str) -> list[tuple[str, WorkloadRequest]]:
             continue
         where = f"{label}:{number}"
         try:
-            record = json.loads(line)
+            record = load_json_text(line)
         except json.JSONDecodeError as exc:
             raise _fail(where, f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
         out.append(request_from_record(record, where))
@@ -124,7 +135,6 @@ def _skip_ws(text: str, index: int) -> int:
 
 def _array_items(text: str, label: str) -> Iterator[tuple[int, Any]]:
     """(line, item) for each element of a top-level JSON array, so errors can name the element's line."""
-    decoder = json.JSONDecoder()
     i = _skip_ws(text, 0)
     if i == len(text):
         raise _fail(f"{label}:1", "the file is empty", SHAREGPT_EXPECTED)
@@ -135,7 +145,7 @@ def _array_items(text: str, label: str) -> Iterator[tuple[int, Any]]:
         return
     while True:
         try:
-            item, end = decoder.raw_decode(text, i)
+            item, end = decode_json_at(text, i)
         except json.JSONDecodeError as exc:
             raise _fail(f"{label}:{exc.lineno}", f"invalid JSON ({exc.msg} at column {exc.colno})",
                         SHAREGPT_EXPECTED) from exc
@@ -170,7 +180,7 @@ def _sharegpt_messages(item: Any, where: str) -> tuple[dict[str, str], ...] | No
         speaker = turn["from"].lower()
         role = _SHAREGPT_ROLES.get(speaker)
         if role is None and speaker not in _SHAREGPT_REPLY:
-            raise _fail(where, f"turn {n} is from {turn['from']!r}, not human, gpt or system", SHAREGPT_EXPECTED)
+            raise _fail(where, f"turn {n} is from {turn['from']!r:.40}, not human, gpt or system", SHAREGPT_EXPECTED)
         if role == "system":
             if turn["value"].strip():
                 messages.append({"role": "system", "content": turn["value"]})

@@ -101,7 +101,8 @@ class SearchSpace:
             raise ConfigError(f"Drafters must be listed once each, but got {[d.name for d in self.drafters]}.")
         object.__setattr__(self, "names", names)
 
-    def _pd_options(self, drafter: DrafterChoice) -> list[bool]:
+    def parallel_options(self, drafter: DrafterChoice) -> list[bool]:
+        """The parallel-drafting values the space offers `drafter`, parallel first (where it can draft in one pass)."""
         if not drafter.parallel_capable or self.parallel_drafting == "off":
             return [False]
         if self.parallel_drafting == "on":
@@ -121,7 +122,7 @@ class SearchSpace:
             return SpecConfig(max_num_seqs=int(seqs), max_num_batched_tokens=mnbt)
         drafter = self.names[str(name)]
         k = trial.suggest_int("k", self.k_min, self.k_max)
-        pd_options = self._pd_options(drafter)
+        pd_options = self.parallel_options(drafter)
         pd = pd_options[0] if len(pd_options) == 1 else trial.suggest_categorical("parallel_drafting", pd_options)
         return self.config(drafter, k, bool(pd), int(seqs), mnbt)
 
@@ -148,7 +149,7 @@ class SearchSpace:
             return params
         assert config.drafter is not None
         params.update(drafter=config.drafter, k=config.k)
-        if len(self._pd_options(self.names[config.drafter])) > 1:
+        if len(self.parallel_options(self.names[config.drafter])) > 1:
             params["parallel_drafting"] = config.parallel_drafting
         return params
 
@@ -166,7 +167,7 @@ class SearchSpace:
             and self.config(drafter, config.k, config.parallel_drafting, config.max_num_seqs,
                             config.max_num_batched_tokens) == config
             and self.k_min <= config.k <= self.k_max
-            and config.parallel_drafting in self._pd_options(drafter)
+            and config.parallel_drafting in self.parallel_options(drafter)
         )
 
     def grid(self) -> list[SpecConfig]:
@@ -177,7 +178,7 @@ class SearchSpace:
             if self.include_baseline:
                 out.append(SpecConfig(max_num_seqs=seqs, max_num_batched_tokens=mnbt))
             for d in self.drafters:
-                for pd in self._pd_options(d):
+                for pd in self.parallel_options(d):
                     for k in range(self.k_min, self.k_max + 1):
                         out.append(self.config(d, k, pd, seqs, mnbt))
         return out
@@ -192,7 +193,7 @@ class SearchSpace:
             for d in self.drafters:
                 if d.recommended_k:
                     k = min(max(d.recommended_k, self.k_min), self.k_max)
-                    pd = self._pd_options(d)[0]
+                    pd = self.parallel_options(d)[0]
                     out.append(self.config(d, k, pd, s, mnbt))
         return out
 

@@ -23,16 +23,23 @@ Series (label ``engine``: the data-parallel rank):
 
 Writes are batched: counters accumulate in memory and everything is pushed to Prometheus at most every
 ``min_interval_s`` (default 1 s), so a step pays a few dictionary updates, not file writes.
+
+Bounded: the ``class`` label takes at most ``max_classes`` values (default `MAX_CLASSES`; the first seen), later
+classes are exported as "other" (`policies.plugin.labels.LabelBook`). Under a policy the classes are its known
+classes anyway; the bound keeps ``/metrics`` small whatever labels requests carry (per class at most 2 K + 5 series).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["METRIC_NAMES", "PluginMetrics"]
+from policies.plugin.labels import MAX_CLASSES, LabelBook
+
+__all__ = ["METRIC_NAMES", "GuardedMetrics", "PluginMetrics"]
 
 METRIC_NAMES: tuple[str, ...] = (
     "peagle:depth",
@@ -105,10 +112,20 @@ class PluginMetrics:
     """The plugin's Prometheus series (see the module docstring); cheap to call every step.
 
     ``engine``: label value (the data-parallel rank). ``max_k``: positions of the survival gauges.
+    ``max_classes``: distinct values of the ``class`` label (later classes are exported as "other").
     """
 
-    def __init__(self, max_k: int, static_depth: int, *, engine: str = "0", min_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        static_depth: int,
+        *,
+        engine: str = "0",
+        min_interval_s: float = 1.0,
+        max_classes: int = MAX_CLASSES,
+    ) -> None:
         self.max_k = int(max_k)
+        self._classes = LabelBook(max_classes)
         self.engine = str(engine)
         self.min_interval_s = float(min_interval_s)
         self._series = _series()
@@ -135,9 +152,11 @@ class PluginMetrics:
         """One step's measured results: (class, drafted, accepted) per request."""
         counts = self._counts
         width = 3 + self.max_k
+        admit = self._classes.admit
         for cls, drafted, accepted in rows:
             if drafted <= 0:
                 continue
+            cls = admit(cls)
             c = counts.get(cls)
             if c is None:
                 c = counts[cls] = [0] * width
@@ -146,6 +165,28 @@ class PluginMetrics:
             c[2] += accepted
             for i in range(min(accepted, self.max_k)):
                 c[3 + i] += 1
+
+    def observe_tally(self, tally: Any) -> None:
+        """One step's measured results counted per class (a `policies.StepTally`): the same counters as
+        `observe_requests`, with work per distinct outcome instead of per request."""
+        counts = self._counts
+        width = 3 + self.max_k
+        admit = self._classes.admit
+        for (cls, _phase), outcomes in tally.outcomes.items():
+            c = None
+            for (drafted, accepted), m in outcomes.items():
+                if drafted <= 0:
+                    continue
+                if c is None:
+                    label = admit(cls)
+                    c = counts.get(label)
+                    if c is None:
+                        c = counts[label] = [0] * width
+                c[0] += m
+                c[1] += drafted * m
+                c[2] += accepted * m
+                for i in range(min(accepted, self.max_k)):
+                    c[3 + i] += m
 
     def set_fallback(self, on: bool = True) -> None:
         """Mark the plugin as serving at the static depth (e.g. after it disabled itself)."""
@@ -190,16 +231,61 @@ class PluginMetrics:
                 s["goodput"].labels(e).set(decision.predicted_goodput)
             if math.isfinite(decision.predicted_step_ms):
                 s["step"].labels(e).set(decision.predicted_step_ms / 1000.0)
+            admit = self._classes.admit
             for cls, depth in decision.plan.items():
-                s["depth"].labels(e, cls).set(depth)
+                s["depth"].labels(e, admit(cls)).set(depth)
         controller = self._controller
         if controller is None:
             return
         plan = decision.plan
         estimator = controller.estimator
+        exported: set[str] = set()
         for cls in estimator.classes():
+            label = self._classes.admit(cls)
+            if label in exported:  # several classes folded into "other": export the first one's estimate
+                continue
+            exported.add(label)
             als = estimator.acceptance_lengths(cls, self.max_k)
             depth = plan.get(cls, decision.default_depth)
-            s["al"].labels(e, cls).set(float(als[min(depth, self.max_k)]))
+            s["al"].labels(e, label).set(float(als[min(depth, self.max_k)]))
             for i in range(self.max_k):
-                s["survival"].labels(e, cls, str(i)).set(float(als[i + 1] - als[i]))
+                s["survival"].labels(e, label, str(i)).set(float(als[i + 1] - als[i]))
+
+
+class GuardedMetrics:
+    """`PluginMetrics` behind a guard, as the plugin uses them: a metrics problem (prometheus_client missing, a bad
+    label, a full disk in multiprocess mode) disables the metrics only, logged once; it never reaches the caller, so
+    depth control goes on.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self.metrics: PluginMetrics | None = None
+        """The live series, None before `start` or after an error."""
+
+    @property
+    def active(self) -> bool:
+        return self.metrics is not None
+
+    def start(self, max_k: int, static_depth: int, *, engine: str = "0") -> None:
+        """Create the series (see `PluginMetrics`); on error the metrics stay off."""
+        try:
+            self.metrics = PluginMetrics(max_k, static_depth, engine=engine)
+        except Exception as exc:
+            self._failed("setup", exc)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """``PluginMetrics.<name>(*args, **kwargs)`` if the metrics are on; an error turns them off."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        try:
+            getattr(metrics, name)(*args, **kwargs)
+        except Exception as exc:
+            self._failed(name, exc)
+
+    def _failed(self, where: str, exc: BaseException) -> None:
+        self.metrics = None
+        self._logger.warning(
+            "PeagleScheduler: Prometheus metrics disabled after an error in %s: %s: %s", where, type(exc).__name__, exc
+        )

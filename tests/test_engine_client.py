@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from autotune.backends import _serve
+from autotune.engine import PhaseLog, free_port, measure_over_http
 from autotune.workloads import WorkloadRequest
 
 web = pytest.importorskip("aiohttp.web", reason="aiohttp (installed with vLLM) is needed for the serve client")
@@ -69,12 +69,12 @@ def _run_client(job: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], Fa
         app.router.add_post("/reset_prefix_cache", server.reset_handler)
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _serve.free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
             timings: dict[str, float] = {}
-            mark = _serve._PhaseLog(tmp_path / "log.txt")
-            return await _serve._client(job, f"http://127.0.0.1:{port}", timings, mark)
+            mark = PhaseLog(tmp_path / "log.txt")
+            return await measure_over_http(job, f"http://127.0.0.1:{port}", timings, mark)
         finally:
             await runner.cleanup()
 

@@ -1,0 +1,234 @@
+"""`peagle-tune simulate`: predicted serving of every depth config, by discrete-event simulation."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.cli._common import db_option, err_console, errors, int_list, open_store
+
+_WIDTH = 80
+_CONFIG_COL = 30
+
+
+@click.command()
+@click.option("--model", default=None, help="Target model (catalog name, e.g. gpt-oss-120b). Not with --profile.")
+@click.option("--gpu", default=None, help="GPU to predict for (h100, h200, b200, ...). Default: the catalog's.")
+@click.option("--drafter", default=None, help="Drafter (default: the model's P-EAGLE head with published acceptance).")
+@click.option("--max-k", type=int, default=None, help="The drafter's K (default: its trained K, else 8).")
+@click.option("--workload", default="mixed", show_default=True, help="Built-in workload name or a .jsonl/.json file.")
+@click.option("--classes", default=None, help="Comma-separated classes of the workload, in phase order (default: all).")
+@click.option(
+    "--shape",
+    default="shifting,stationary",
+    show_default=True,
+    help="shifting: each class alone, then mixed; stationary: every phase mixed (comma-separated).",
+)
+@click.option("--concurrency", default="1,8,64", show_default=True, help="Closed-loop concurrencies (comma-separated).")
+@click.option("--rate", type=float, default=None, metavar="REQ_PER_S", help="Open loop: Poisson arrivals at this rate.")
+@click.option("--requests-per-phase", type=int, default=None, help="Requests per phase (default: max(48, 4 x c)).")
+@click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (default: c; 256 with --rate).")
+@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
+@click.option("--output-tokens", type=int, default=None, help="Output tokens per request (default: its max_tokens).")
+@click.option("--chars-per-token", type=float, default=4.0, show_default=True, help="Prompt length estimate.")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy file (classes, caps, controller settings) for the adaptive configs.",
+)
+@click.option("--profile", "profile_id", type=int, default=None,
+              help="Simulate from this stored profile (measured acceptance and fitted step cost) instead of a GPU.")
+@click.option("--traces", "traces_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Recorded per-request traces (the scheduler plugin's stats JSON).")
+@click.option("--autocorrelation", default="0", show_default=True,
+              help="rho of the latent acceptance state in [0, 1), or 'auto' to fit it to --traces.")
+@click.option("--configs", default="none,static,schedule,adaptive,adaptive-width", show_default=True,
+              help="Config kinds to compare.")
+@click.option("--static-k", default=None, help="Static depths to include (default: 1..K_max).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@db_option
+@errors
+def simulate(
+    model: str | None,
+    gpu: str | None,
+    drafter: str | None,
+    max_k: int | None,
+    workload: str,
+    classes: str | None,
+    shape: str,
+    concurrency: str,
+    rate: float | None,
+    requests_per_phase: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int,
+    output_tokens: int | None,
+    chars_per_token: float,
+    policy_file: Path | None,
+    profile_id: int | None,
+    traces_file: Path | None,
+    autocorrelation: str,
+    configs: str,
+    static_k: str | None,
+    seed: int,
+    as_json: bool,
+    db_url: str | None,
+) -> None:
+    """PREDICT serving with no speculation, static K, vLLM's batch-size schedule, the adaptive controller and the
+    per-phase oracle, by simulating continuous batching step by step.
+
+    Step times come from the model backend's roofline for the GPU (or a stored profile's fitted cost model);
+    accepted drafts per request and step from the drafter's published acceptance (or a stored profile, or recorded
+    traces). The adaptive configs run the real depth controller. Nothing is measured.
+
+    Example:
+
+    \b
+        peagle-tune simulate --model gpt-oss-120b --gpu h200 --classes chat,code
+        peagle-tune simulate --model gpt-oss-120b --gpu b200 --concurrency 64 --json
+        peagle-tune simulate --profile 3 --workload fixture.jsonl --traces stats.json --autocorrelation auto
+    """
+    from autotune.errors import UsageError
+    from autotune.simulate import (
+        SHAPES,
+        Phase,
+        WorkloadShape,
+        fit_autocorrelation,
+        gpu_setup,
+        load_traces,
+        phases_from_workload,
+        predict,
+        profile_setup,
+    )
+    from autotune.workloads import load_workload
+    from policies import load_policy
+
+    shapes: list[WorkloadShape] = [s for s in SHAPES if s in {x.strip() for x in shape.split(",")}]
+    if not shapes or {x.strip() for x in shape.split(",") if x.strip()} - set(SHAPES):
+        raise UsageError(f"--shape takes {', '.join(SHAPES)} (comma-separated), but got {shape!r}.")
+    concurrencies = [] if rate is not None else int_list(concurrency, "--concurrency")
+    if profile_id is None and model is None:
+        raise UsageError("simulate needs --model (with --gpu) or --profile ID.")
+    if profile_id is not None and (model is not None or gpu is not None):
+        raise UsageError("--profile takes the model and device from the stored profile; drop --model/--gpu.")
+    wl = load_workload(workload)
+    class_list = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
+    per_phase = requests_per_phase or max(48, 4 * max(concurrencies, default=12))
+    workloads: dict[str, list[Phase]] = {
+        s: phases_from_workload(
+            wl, s, per_phase, classes=class_list, chars_per_token=chars_per_token, output_tokens=output_tokens
+        )
+        for s in shapes
+    }
+    traces = load_traces(traces_file) if traces_file is not None else []
+    policy = load_policy(policy_file) if policy_file is not None else None
+    kinds = [k.strip() for k in configs.split(",") if k.strip()]
+    static_ks = int_list(static_k, "--static-k") if static_k else None
+
+    def build(rho: float) -> Any:
+        if profile_id is not None:
+            record = open_store(db_url).get_profile(profile_id)
+            return profile_setup(record, workloads, autocorrelation=rho, traces=traces, policy=policy, seed=seed)
+        return gpu_setup(
+            model or "", gpu, workloads, drafter=drafter, max_k=max_k, autocorrelation=rho, traces=traces,
+            policy=policy, seed=seed,
+        )
+
+    rho_note = None
+    if autocorrelation.strip().lower() == "auto":
+        if not traces:
+            raise UsageError("--autocorrelation auto fits rho to recorded traces: pass --traces FILE.")
+        base = build(0.0)
+        rho, statistic = fit_autocorrelation(traces, base.acceptance.profiles, base.max_k, seed=seed)
+        rho_note = f"rho={rho:.3f} fit to the traces' lag-1 correlation {statistic:.3f}"
+    else:
+        try:
+            rho = float(autocorrelation)
+        except ValueError:
+            raise UsageError(
+                f"--autocorrelation takes a number in [0, 1) or 'auto', but got {autocorrelation!r}."
+            ) from None
+    setup = build(rho)
+    progress = None if as_json else (lambda line: err_console.print(f"[dim]  simulating {line}[/dim]"))
+    result = predict(
+        setup, workloads, concurrencies=concurrencies, request_rate=rate, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, kinds=kinds, static_ks=static_ks, seed=seed,
+        progress=progress,
+    )
+    if rho_note:
+        result.warnings.append(rho_note)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    click.echo(render(result, per_phase))
+
+
+def render(result: Any, per_phase: int) -> str:
+    """The result as text at most 80 columns wide: header naming the sources, one table per workload and load."""
+    lines = ["PREDICTED by simulation (nothing here is measured)"]
+
+    def field(name: str, value: str) -> None:
+        lines.extend(textwrap.wrap(value, _WIDTH, initial_indent=f"{name:<10}", subsequent_indent=" " * 10))
+
+    field("model", f"{result.model}" + (f", drafter {result.drafter} (K_max {result.settings['max_k']})"
+                                         if result.drafter else ""))
+    field("device", result.device)
+    field("accept.", result.acceptance_source)
+    field("cost", result.step_cost_source)
+    if result.controller_cost_fit:
+        fit = result.controller_cost_fit
+        field("ctl cost", f"linear fit of that cost, median error {fit['median_rel_error']:.1%}, "
+                          f"max {fit['max_rel_error']:.1%}")
+    for w in result.warnings:
+        field("note", w)
+    groups: dict[tuple[str, Any], list[Any]] = {}
+    for row in result.rows:
+        groups.setdefault((row.workload, row.concurrency if row.request_rate is None else row.request_rate), []).append(
+            row
+        )
+    header = f"{'config':<{_CONFIG_COL}} {'tok/s':>8} {'x none':>7} {'TPOT p50':>9} {'TTFT p50':>9} {'AL':>5}"
+    for (workload, load), rows in groups.items():
+        lines.append("")
+        load_text = f"{load} req/s" if rows[0].request_rate is not None else f"c={load}"
+        phases = result.settings["workloads"][workload]
+        lines.append(f"{workload}, {load_text}: {len(phases)} phases ({', '.join(phases)}) x {per_phase} requests")
+        lines.append(header)
+        lines.append("-" * len(header))
+        for r in rows:
+            label = r.config if len(r.config) <= _CONFIG_COL else r.config[: _CONFIG_COL - 3] + "..."
+            lines.append(
+                f"{label:<{_CONFIG_COL}} {r.output_tokens_per_s:>8.1f} {_x(r.speedup_vs_no_spec):>7} "
+                f"{_ms(r.tpot_ms_p50):>9} {_ms(r.ttft_ms_p50):>9} {_num(r.acceptance_length):>5}"
+            )
+        lines.extend(_verdict(rows))
+    return "\n".join(lines)
+
+
+def _verdict(rows: list[Any]) -> list[str]:
+    statics = [r for r in rows if r.kind in ("none", "static")]
+    if not statics:
+        return []
+    best = max(statics, key=lambda r: r.output_tokens_per_s)
+    out = [f"best static: {best.config} ({best.output_tokens_per_s:.1f} tok/s)"]
+    for r in rows:
+        if r.kind in ("adaptive", "schedule", "oracle"):
+            out.append(f"  {r.config[:40]}: {r.output_tokens_per_s / best.output_tokens_per_s:.3f}x best static")
+    return out
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}ms" if value < 100 else f"{value:.0f}ms"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

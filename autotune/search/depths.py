@@ -1,0 +1,61 @@
+"""Depth advice that comes with a recommendation: the best K per batch size (vLLM's batch-size -> K schedule) and
+per workload class (the runtime policy's caps).
+
+Both evaluate many configs the search never tried (every batch size, every K, each class alone), so they are only
+computed with a backend that predicts (`Capabilities.predicts`); with a real engine they would need a profile, and
+are left empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autotune.backends.base import Backend
+from autotune.measurement import Measurement
+from autotune.search.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
+from autotune.search.space import SearchSpace
+from autotune.spec import Scenario, SpecConfig
+from autotune.workloads import Workload
+
+Measure = Callable[[SpecConfig, Workload, Scenario], Measurement]
+
+
+def goodput(measure: Measure, config: SpecConfig, workload: Workload) -> Callable[[int, int], float]:
+    """Output tokens/s of `config`'s drafter at batch b and depth k (k=0: no speculation), from `measure`."""
+
+    def value(b: int, k: int) -> float:
+        c = config.with_(max_num_seqs=max(b, 1))
+        c = c.with_(num_speculative_tokens=k) if k else SpecConfig(max_num_seqs=c.max_num_seqs)
+        m = measure(c, workload, Scenario(concurrency=b))
+        return float(m.output_tokens_per_s or 0.0) if m.ok else 0.0
+
+    return value
+
+
+def _depths(space: SearchSpace) -> list[int]:
+    return [0, *range(space.k_min, space.k_max + 1)]
+
+
+def depth_schedule(
+    backend: Backend, measure: Measure, config: SpecConfig, workload: Workload, space: SearchSpace
+) -> list[ScheduleEntry]:
+    """Best K per batch-size range for `config`'s drafter, up to its max_num_seqs ([] unless `backend` predicts)."""
+    if not backend.capabilities.predicts:
+        return []
+    sizes = default_batch_sizes(max(config.max_num_seqs, 1))
+    best = best_depth_per_batch(goodput(measure, config, workload), sizes, _depths(space))
+    return merge_schedule(best, config.max_num_seqs)
+
+
+def class_caps(
+    backend: Backend, config: SpecConfig, workload: Workload, scenario: Scenario, space: SearchSpace
+) -> dict[str, dict[str, int]]:
+    """Per-class K cap: the best K for each workload class alone at `scenario` ({} unless `backend` predicts)."""
+    if not backend.capabilities.predicts or len(workload.classes) < 1:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for cls, reqs in sorted(workload.classes.items()):
+        sub = Workload(f"{workload.name}:{cls}", {cls: reqs}, workload.source)
+        best = best_depth_per_batch(goodput(backend.measure, config, sub), [scenario.concurrency], _depths(space))
+        out[cls] = {"max_k": best[scenario.concurrency]}
+    return out

@@ -1,0 +1,263 @@
+"""What a scenario's search returns, and the rules that pick its recommendation from the finished trials.
+
+Picking: the best feasible trial (highest tokens/s, or lowest TPOT p50 for latency; the Pareto front's
+highest-throughput point for pareto); ties within 0.1% go to the smallest K, then max_num_seqs closest to the
+concurrency, which serve the same with less verification work and memory. When no trial meets the SLOs the one
+closest to them (smallest total violation) is shown and marked infeasible: it is never recommended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import UsageError
+from autotune.measurement import Measurement
+from autotune.search.objective import Objective, measurement_metrics
+from autotune.search.schedule import ScheduleEntry
+from autotune.search.space import SearchSpace
+from autotune.search.trials import counted, feasible, trial_config, trial_info, trial_measurement, violation
+from autotune.spec import Scenario, SpecConfig
+
+#: Relative gap under which two objective values count as tied (0.1%).
+TIE = 1e-3
+
+ConfigOf = Callable[[FrozenTrial], "SpecConfig | None"]
+Measure = Callable[[SpecConfig], Measurement]
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One config on the Pareto front (throughput vs TPOT p99)."""
+
+    config: SpecConfig
+    metrics: dict[str, Any]
+    trial: int
+    hypothetical: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"config": self.config.to_dict(), "metrics": self.metrics, "trial": self.trial}
+        if self.hypothetical:
+            out["hypothetical"] = True
+        return out
+
+
+@dataclass
+class ScenarioResult:
+    """The outcome of searching one scenario."""
+
+    scenario: Scenario
+    study_name: str
+    objective: Objective
+    strategy: str
+    best: Measurement
+    """The recommended config's measurement (or, when `feasible` is False, the config closest to the SLOs)."""
+    baseline: Measurement | None
+    """No speculation at the best config's max_num_seqs."""
+    published: Measurement | None
+    """The best config's drafter at its publisher's K."""
+    n_trials: int
+    """Finished trials of the study (all workers): complete + failed + pruned."""
+    n_failed: int
+    n_pruned: int = 0
+    """Pruned trials: 0 unless the study holds trials an older peagle-tune pruned (searches no longer prune: no
+    shipped backend reported a partial result). Kept in every output so their formats stay as they were."""
+    n_running: int = 0
+    """Trials other workers were still measuring when this worker finished."""
+    n_measurements: int = 0
+    """backend.measure calls made by this worker for the study and comparisons (engine launches with vLLM)."""
+    profile_launches: int = 0
+    """Engine launches the strategy spent outside the trials for this scenario (model-guided: profiling; a profile
+    shared by several scenarios is counted for the first)."""
+    strategy_report: dict[str, Any] = field(default_factory=dict)
+    """What the strategy reported (model-guided: profiles used, stop reason, prediction error, calibration trace)."""
+    feasible: bool = True
+    rule: str = ""
+    """How the best config was chosen, in words."""
+    pareto: list[ParetoPoint] = field(default_factory=list)
+    hypothetical: str | None = None
+    """Set when the best config uses a hypothetical drafter: what it is (no checkpoint exists)."""
+    constraints: dict[str, float] = field(default_factory=dict)
+    """The best config's constraint values (metric - SLO, ms; <= 0 met)."""
+    schedule: list[ScheduleEntry] = field(default_factory=list)
+    class_policy: dict[str, dict[str, int]] = field(default_factory=dict)
+    recommendation_id: int | None = None
+
+    @property
+    def n_complete(self) -> int:
+        return self.n_trials - self.n_failed - self.n_pruned
+
+    @property
+    def engine_launches(self) -> int:
+        """Engine launches this worker used for the scenario: its measurements plus the strategy's profiling (with
+        the vllm backend every measurement is one launch; with the model backend nothing is launched)."""
+        return self.n_measurements + self.profile_launches
+
+    def speedup_over(self, other: Measurement | None) -> float | None:
+        if other is None or not other.ok or not other.output_tokens_per_s or not self.best.output_tokens_per_s:
+            return None
+        return self.best.output_tokens_per_s / other.output_tokens_per_s
+
+    def recommendation_metrics(self) -> dict[str, Any]:
+        """The metrics a stored recommendation keeps: the best's figures, speedups, the rule and trial counts."""
+        metrics: dict[str, Any] = {
+            **measurement_metrics(self.best),
+            "speedup_vs_no_spec": self.speedup_over(self.baseline),
+            "speedup_vs_published_k": self.speedup_over(self.published),
+            "published_k": self.published.config.k if self.published else None,
+            "objective": self.objective.to_dict(),
+            "rule": self.rule,
+            "strategy": self.strategy,
+            "n_trials": self.n_trials,
+            "n_failed": self.n_failed,
+            "n_pruned": self.n_pruned,
+        }
+        if self.constraints:
+            metrics["constraints"] = self.constraints
+        if self.hypothetical:
+            metrics["hypothetical_drafter"] = True
+            metrics["hypothetical_note"] = self.hypothetical
+        return metrics
+
+
+def rule(objective: Objective, feasible: bool) -> str:
+    """How the recommendation was picked, in words (shown with every result)."""
+    slos = objective.describe_slos()
+    if not feasible:
+        return (
+            f"no config met {slos}; shown is the config closest to them (smallest total violation), which is NOT "
+            "recommended"
+        )
+    meeting = f" among configs meeting {slos}" if slos else ""
+    tie = "; ties within 0.1% go to the smallest K, then max_num_seqs closest to the concurrency"
+    if objective.multi:
+        return f"the Pareto front's highest-throughput point{meeting}{tie}"
+    what = "lowest TPOT p50" if objective.name == "latency" else "highest output tokens/s"
+    return f"{what}{meeting}{tie}"
+
+
+def pareto_front(study: optuna.Study, config_of: ConfigOf) -> list[FrozenTrial]:
+    """study.best_trials (feasible-only when SLOs are set), one trial per config, by throughput."""
+    seen: set[SpecConfig] = set()
+    out: list[FrozenTrial] = []
+    for t in sorted(study.best_trials, key=lambda t: (-float(t.values[0]), t.number)):
+        config = config_of(t)
+        if trial_info(t).get("duplicate_of") is not None or config is None or config in seen:
+            continue
+        seen.add(config)
+        out.append(t)
+    return out
+
+
+def pick(
+    objective: Objective,
+    complete: Sequence[FrozenTrial],
+    front: Sequence[FrozenTrial],
+    scenario: Scenario,
+    config_of: ConfigOf,
+) -> tuple[FrozenTrial, bool]:
+    """The trial to recommend among `complete` (the Pareto `front` for pareto), and whether it meets the SLOs."""
+    if objective.multi:
+        if not front:  # constrained and nothing feasible
+            return _closest(complete), False
+        top = max(float(t.values[0]) for t in front)
+        tied = [t for t in front if float(t.values[0]) >= top - abs(top) * TIE]
+        return min(tied, key=_tie_key(scenario, config_of)), True
+    meeting = [t for t in complete if feasible(t) and t.value is not None]
+    if not meeting:
+        return _closest(complete), False
+    sign = 1.0 if objective.directions[0] == "maximize" else -1.0
+    top = max(sign * float(t.value) for t in meeting)  # type: ignore[arg-type]
+    tied = [t for t in meeting if sign * float(t.value) >= top - abs(top) * TIE]  # type: ignore[arg-type]
+    return min(tied, key=_tie_key(scenario, config_of)), True
+
+
+def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
+    return min(complete, key=lambda t: (violation(t), t.number))
+
+
+def _tie_key(scenario: Scenario, config_of: ConfigOf) -> Callable[[FrozenTrial], tuple[int, int, int]]:
+    def key(t: FrozenTrial) -> tuple[int, int, int]:
+        c = config_of(t)
+        assert c is not None
+        return (c.k, abs(c.max_num_seqs - scenario.concurrency), c.max_num_seqs)
+
+    return key
+
+
+def summarize(
+    study: optuna.Study,
+    trials: Sequence[FrozenTrial],
+    scenario: Scenario,
+    objective: Objective,
+    space: SearchSpace,
+    strategy: str,
+    measure: Measure,
+) -> ScenarioResult:
+    """The result of a finished study: the picked trial's measurement, compared with no speculation (at its
+    max_num_seqs) and with its drafter at the publisher's K, taken from the study's trials where it measured them,
+    else from `measure` (which may launch an engine). Raises UsageError when no trial completed."""
+
+    def config_of(t: FrozenTrial) -> SpecConfig | None:
+        return trial_config(space, t)
+
+    def lookup(config: SpecConfig) -> Measurement:
+        for t in complete:
+            if trial_info(t).get("duplicate_of") is None and config_of(t) == config:
+                return trial_measurement(t) or measure(config)
+        return measure(config)
+
+    mine = [t for t in trials if counted(t)]
+    complete, failed, pruned, running = (
+        [t for t in mine if t.state == state]
+        for state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED, TrialState.RUNNING)
+    )
+    if not complete:
+        reasons = sorted({str(trial_info(t).get("failure", "unknown")) for t in failed})
+        raise UsageError(
+            f"No trial of study {study.study_name!r} completed ({len(failed)} failed, {len(pruned)} pruned, "
+            f"{len(running)} running elsewhere): {'; '.join(reasons)[:500]}. Fix the cause above "
+            f"(see `peagle-tune show --trials {study.study_name}`) and run again."
+        )
+    front = pareto_front(study, config_of) if objective.multi else []
+    chosen, ok = pick(objective, complete, front, scenario, config_of)
+    config = config_of(chosen)
+    assert config is not None
+    best = trial_measurement(chosen) or measure(config)
+    seqs, mnbt = config.max_num_seqs, config.max_num_batched_tokens
+    baseline = lookup(SpecConfig(max_num_seqs=seqs, max_num_batched_tokens=mnbt))
+    choice = space.names.get(str(config.drafter)) if config.speculative else None
+    published = lookup(config.with_(num_speculative_tokens=choice.recommended_k)) if choice and choice.recommended_k \
+        else None
+    hypo = space.hypothetical(config)
+    return ScenarioResult(
+        scenario=scenario,
+        study_name=study.study_name,
+        objective=objective,
+        strategy=strategy,
+        best=best,
+        baseline=baseline,
+        published=published,
+        n_trials=len(complete) + len(failed) + len(pruned),
+        n_failed=len(failed),
+        n_pruned=len(pruned),
+        n_running=len(running),
+        feasible=ok,
+        rule=rule(objective, ok),
+        pareto=[_point(space, t) for t in front],
+        hypothetical=(
+            f"{hypo.name} is HYPOTHETICAL ({hypo.note or 'an unreleased variant'}): no checkpoint exists, so vLLM "
+            "cannot serve it" if hypo else None
+        ),
+        constraints=dict(chosen.constraints),
+    )
+
+
+def _point(space: SearchSpace, t: FrozenTrial) -> ParetoPoint:
+    config = trial_config(space, t)
+    assert config is not None
+    return ParetoPoint(config, dict(trial_info(t).get("metrics", {})), t.number, space.hypothetical(config) is not None)

@@ -1,0 +1,291 @@
+"""`peagle-tune search` as an application service: resolve the inputs (model, workload, backend, drafters, space,
+objective, strategy), run a search per concurrency, store the recommendations. It prints nothing: the notes, the
+progress and the results are the caller's to show (`autotune.cli.search`).
+
+Two steps, so the caller can show the notes before anything is measured::
+
+    plan = plan_search(store, SearchOptions(model="gpt-oss-120b", concurrencies=[1, 8]))
+    print("\\n".join(plan.notes))
+    run = plan.run()            # or plan.run(run_scenario) to wrap each scenario (e.g. in a progress bar)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import Backend
+from autotune.errors import BackendUnavailableError, UsageError
+from autotune.search.objective import Objective
+from autotune.search.registry import make_strategy
+from autotune.search.result import ScenarioResult
+from autotune.search.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file
+from autotune.search.strategy import Strategy
+from autotune.search.study import Search
+from autotune.spec import Scenario
+from autotune.workloads import Workload
+from store import Store
+
+DEFAULT_K_MAX = 8
+
+#: How a plan runs one scenario's search (the default: ``search.run_scenario(scenario)``).
+ScenarioRunner = Callable[[Search, Scenario], ScenarioResult]
+
+
+@dataclass
+class SearchOptions:
+    """Everything `peagle-tune search` takes. `space` holds the CLI's space options (None: not given); they override
+    `space_file`, which overrides the defaults (K in [1, 8], max_num_seqs around each concurrency, vLLM's default
+    max_num_batched_tokens, parallel drafting auto, no hypothetical drafters)."""
+
+    model: str
+    gpu: str | None = None
+    workload: str = "mt-bench"
+    concurrencies: list[int] = field(default_factory=lambda: [1, 8, 64])
+    objective: str = "throughput"
+    slo_tpot_p99_ms: float | None = None
+    slo_ttft_p99_ms: float | None = None
+    strategy: str = "auto"
+    """auto: model-guided with the vllm backend (it profiles each drafter once, or reuses a stored profile),
+    blackbox with the model backend (its trials are predictions already); or model-guided, blackbox, random, grid."""
+    sampler: str | None = None
+    """tpe (default) or gp; blackbox only."""
+    trials: int | None = None
+    """Trials per concurrency, shared by every worker of the study (None: 60; grid: the whole grid)."""
+    backend: str = "auto"
+    space: SpaceSpec = field(default_factory=SpaceSpec)
+    space_file: str | Path | None = None
+    study: str | None = None
+    storage: str | None = None
+    """Optuna storage URL for the studies (None: the --db database)."""
+    heartbeat: int = 60
+    """Seconds between a running trial's heartbeats; a trial silent for twice that is failed and re-queued."""
+    seed: int = 0
+
+
+@dataclass
+class SearchRun:
+    """What a search run did: the results, and the context needed to show them."""
+
+    results: list[ScenarioResult]
+    model: str
+    workload: str
+    device: str
+    backend: str
+    """The backend's name ("model" or "vllm")."""
+    objective: Objective
+    strategy: str
+    notes: list[str]
+    launches_engines: bool = False
+    """Each measurement launched an engine (`Capabilities.launches_engines`): launch counts mean something."""
+
+    @property
+    def infeasible(self) -> list[ScenarioResult]:
+        return [r for r in self.results if not r.feasible]
+
+
+@dataclass
+class SearchPlan:
+    """What `plan_search` resolved: one `Search` per concurrency, and notes on what was assumed or skipped."""
+
+    model: str
+    workload: Workload
+    device: str
+    backend: Backend
+    objective: Objective
+    strategy: Strategy
+    notes: list[str]
+    environment: dict[str, Any]
+    """Where the figures come from (device, vLLM version), stored with each recommendation."""
+    searches: list[tuple[Search, Scenario]]
+
+    def run(self, run_scenario: ScenarioRunner | None = None) -> SearchRun:
+        """Search every scenario in order and store each feasible result as a recommendation."""
+        results: list[ScenarioResult] = []
+        for search, scenario in self.searches:
+            result = run_scenario(search, scenario) if run_scenario else search.run_scenario(scenario)
+            search.recommend(result, self.environment)
+            results.append(result)
+        return SearchRun(results, self.model, self.workload.name, self.device, self.backend.name, self.objective,
+                         self.strategy.name, self.notes, self.backend.capabilities.launches_engines)
+
+
+def vllm_importable() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_backend(requested: str, model_path: str | None) -> tuple[str, str]:
+    """Pick the backend and say why. vLLM needs an importable vllm and a model it can load (a local directory)."""
+    if requested == "model":
+        return "model", "--backend model"
+    has_vllm = vllm_importable()
+    if requested == "vllm":
+        if not has_vllm:
+            raise BackendUnavailableError(
+                "--backend vllm needs vLLM: install it with `pip install 'peagle-tune[vllm]'` on a GPU machine "
+                "or `pip install 'peagle-tune[cpu]'` for the CPU build."
+            )
+        if model_path is None:
+            raise UsageError(
+                "--backend vllm needs a model vLLM can load here: pass a local model directory to --model "
+                "(this machine cannot download from a model hub)."
+            )
+        return "vllm", "--backend vllm"
+    if has_vllm and model_path is not None:
+        return "vllm", "vLLM is installed and the model is a local directory"
+    why = "vLLM is not installed" if not has_vllm else "the model is not a local directory vLLM can load here"
+    return "model", f"{why}, so figures are predicted"
+
+
+def resolve_strategy(requested: str, backend: str, sampler: str | None = None) -> str:
+    """``auto`` -> model-guided with the vllm backend (a profile exists or one launch per drafter makes it),
+    blackbox with the model backend or when --sampler is given; other names unchanged."""
+    if requested != "auto":
+        return requested
+    return "model-guided" if backend == "vllm" and sampler is None else "blackbox"
+
+
+def _default_seqs(concurrency: int) -> list[int]:
+    return sorted({max(concurrency // 2, 1), concurrency, concurrency * 2})
+
+
+def resolve_space_spec(options: SearchOptions) -> SpaceSpec:
+    """The space file (if any) with the CLI's space options laid over it."""
+    base = load_space_file(options.space_file) if options.space_file else SpaceSpec()
+    return base.overridden_by(options.space)
+
+
+def build_space(spec: SpaceSpec, drafters: list[DrafterChoice], concurrency: int) -> SearchSpace:
+    k_max = spec.k_max if spec.k_max is not None else max(DEFAULT_K_MAX, spec.k_min or 1)
+    return SearchSpace(
+        drafters=tuple(drafters),
+        k_min=spec.k_min if spec.k_min is not None else 1,
+        k_max=k_max,
+        max_num_seqs=tuple(spec.max_num_seqs or _default_seqs(concurrency)),
+        max_num_batched_tokens=tuple(spec.max_num_batched_tokens or (None,)),
+        parallel_drafting=spec.parallel_drafting or "auto",
+    )
+
+
+def _drafter_specs(model_name: str, names: tuple[str, ...] | None, include_hypothetical: bool) -> list[Any]:
+    from autotune.catalogs import drafters_for, get_drafter
+
+    if names:
+        specs = [get_drafter(n, target=model_name) for n in names]
+        if include_hypothetical:
+            specs = [v for s in specs for v in s.variants()]
+    else:
+        specs = drafters_for(model_name, include_hypothetical=include_hypothetical)
+    if not specs:
+        raise UsageError(f"The catalog has no drafter for {model_name!r}; pass one with --drafter ID_OR_PATH.")
+    return specs
+
+
+def _choice(spec: Any) -> DrafterChoice:
+    hypothetical = not spec.published
+    return DrafterChoice(
+        name=str(spec.local_path or spec.name),
+        method=spec.method,
+        layers=spec.num_layers,
+        parallel_capable=spec.parallel_drafting,
+        recommended_k=spec.recommended_k,
+        hypothetical=hypothetical,
+        # The catalog's source text starts with what the variant is; its citations follow in parentheses.
+        note=spec.source.split(" (")[0] if hypothetical else "",
+    )
+
+
+def _backend(kind: str, spec: Any, gpu_name: str | None, notes: list[str]) -> tuple[Backend, dict[str, Any]]:
+    """The backend of `kind` for target `spec`, and the environment its figures come from."""
+    from autotune.catalogs import default_gpu, get_gpu
+
+    if kind == "model":
+        from autotune.backends.model import ModelBackend
+
+        gpu = get_gpu(gpu_name) if gpu_name else default_gpu()
+        if not gpu_name:
+            notes.append(f"No --gpu given: assumed {gpu.display_name}.")
+        return ModelBackend(spec, gpu), {"device": gpu.display_name, "vllm_version": None}
+    from autotune.backends.vllm import VLLMBackend
+    from autotune.environment import detect_environment
+
+    environment = detect_environment()
+    if gpu_name:
+        notes.append(f"--gpu {gpu_name} ignored: the vLLM backend measures on this machine ({environment['device']}).")
+    return VLLMBackend(model=str(spec.local_path)), environment
+
+
+def _predictable(specs: list[Any], model: str, notes: list[str]) -> list[Any]:
+    """The drafters the model backend can predict: those with published acceptance figures."""
+    unranked = [d.name for d in specs if not d.reference_acceptance]
+    if unranked:
+        notes.append(
+            f"Skipped {', '.join(unranked)}: no published acceptance to predict from "
+            "(profile them on a GPU with `--backend vllm`)."
+        )
+    specs = [d for d in specs if d.reference_acceptance]
+    if not specs:
+        raise UsageError(
+            f"No drafter of {model} has published acceptance figures, so nothing can be predicted. "
+            "Run with `--backend vllm` on a machine that can load the model."
+        )
+    return specs
+
+
+def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
+    """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
+    anything is measured."""
+    from autotune.catalogs import resolve_model
+    from autotune.workloads import load_workload
+
+    objective = Objective(options.objective, options.slo_tpot_p99_ms, options.slo_ttft_p99_ms)
+    if options.strategy != "auto":
+        make_strategy(options.strategy, options.sampler)  # fail on a bad name before anything is resolved
+    if options.trials is not None and options.trials < 1:
+        raise UsageError(f"--trials must be >= 1, but got {options.trials}.")
+    spec_space = resolve_space_spec(options)
+    spec = resolve_model(options.model)
+    workload = load_workload(options.workload)
+    kind, why = choose_backend(options.backend, spec.local_path)
+    notes: list[str] = []
+    backend, environment = _backend(kind, spec, options.gpu, notes)
+    specs = _drafter_specs(spec.name, spec_space.drafters, bool(spec_space.include_hypothetical))
+    if backend.capabilities.predicts:
+        specs = _predictable(specs, spec.name, notes)
+    drafters = [_choice(d) for d in specs]
+    strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler), options.sampler)
+    hypothetical = [d.name for d in drafters if d.hypothetical]
+    if hypothetical and not backend.capabilities.predicts:
+        raise UsageError(
+            f"Drafters {hypothetical} are hypothetical variants (--include-hypothetical or a `:N-layer` name): no "
+            "checkpoint exists, so no engine can load them. Use --backend model, or drop them."
+        )
+    if hypothetical:
+        notes.append(
+            f"Including HYPOTHETICAL drafters {', '.join(hypothetical)}: unreleased layer variants whose acceptance "
+            "is scaled from the published head; no checkpoint exists, so vLLM cannot serve them."
+        )
+    notes.insert(0, f"Backend: {kind} ({why}).")
+    notes.append(f"Objective: {objective.describe()}; strategy: {strategy.name}.")
+    searches = [
+        (
+            Search(
+                store=store, backend=backend, model=spec.name, device=environment["device"], workload=workload,
+                space=build_space(spec_space, drafters, concurrency), objective=objective, strategy=strategy,
+                n_trials=options.trials, seed=options.seed, study_prefix=options.study, storage_url=options.storage,
+                heartbeat_interval=options.heartbeat, profile_concurrencies=tuple(options.concurrencies),
+            ),
+            Scenario(concurrency=concurrency),
+        )
+        for concurrency in options.concurrencies
+    ]
+    return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
+                      searches)
+
+
+def run_search(store: Store, options: SearchOptions, run_scenario: ScenarioRunner | None = None) -> SearchRun:
+    """`plan_search` and run it (for callers that show nothing before the search)."""
+    return plan_search(store, options).run(run_scenario)

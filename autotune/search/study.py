@@ -1,0 +1,426 @@
+"""The study loop: one Optuna study per scenario, trials claimed one at a time, each measured (or predicted) by the
+backend, written to the study and to our store, until the study has its trials; then the recommendation is picked.
+
+Every figure keeps the provenance the backend gave it (measured or predicted). Workers share a study through its
+storage (`coordination`); the strategy chooses configs through a narrow `StrategyContext`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import random
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.backends.base import Backend
+from autotune.errors import UsageError
+from autotune.measurement import Measurement
+from autotune.search import depths
+from autotune.search.coordination import ClaimLock, Heartbeat, fail_orphans, open_storage, requeue, this_worker
+from autotune.search.events import EventCallback, SearchEvent
+from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
+from autotune.search.profiles import store_or_profile
+from autotune.search.records import TrialRecorder
+from autotune.search.result import ScenarioResult, summarize
+from autotune.search.space import SearchSpace
+from autotune.search.strategies import BlackboxStrategy
+from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
+from autotune.search.trials import ATTR, counted, slim, state_counts, trial_config
+from autotune.spec import Scenario, SpecConfig
+from autotune.workloads import Workload
+from store import Store
+
+log = logging.getLogger(__name__)
+
+#: Consecutive sampled duplicates after which an unmeasured config is enqueued to keep the search moving.
+DUPLICATE_STREAK_LIMIT = 8
+
+
+def study_name_for(prefix: str, scenario: Scenario) -> str:
+    return f"{prefix}-c{scenario.concurrency}"
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-").lower()
+
+
+def default_study_prefix(model: str, device: str, workload: str, objective: str, strategy: str = "blackbox") -> str:
+    return "-".join(_slug(p) for p in (model.split("/")[-1], device, workload, objective, strategy))
+
+
+@dataclass
+class _Run:
+    """State of one scenario's search in this worker."""
+
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+    lock: ClaimLock
+    scenario: Scenario
+    target: int
+    ctx: StrategyContext
+    recorder: TrialRecorder
+    measurements: int = 0
+    streak: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+@dataclass
+class _Claim:
+    trial: optuna.trial.Trial
+    config: SpecConfig
+    info: dict[str, Any]
+    """Our attributes of the trial as set at the claim."""
+    duplicate_of: FrozenTrial | None
+    done: int
+    counts: dict[str, int]
+
+
+@dataclass
+class Search:
+    """One search: a model on a device, a workload, a space, an objective and a strategy, per scenario.
+
+    ``n_trials`` is the study's total across all workers (None: the strategy's default; never more than the grid).
+    ``study_prefix`` names the studies (``<prefix>-c<concurrency>``); re-running with the same name resumes them.
+    ``storage_url`` is where the Optuna study lives (default: the store's database). ``profiles`` is where a
+    strategy's ``ctx.profile(drafter)`` gets drafter profiles (default: `store_or_profile` with this search's store
+    and backend, profiling at the scenario's concurrency, 1 and ``profile_concurrencies``).
+    """
+
+    store: Store
+    backend: Backend
+    model: str
+    device: str
+    workload: Workload
+    space: SearchSpace
+    objective: Objective = field(default_factory=Objective)
+    strategy: Strategy = field(default_factory=BlackboxStrategy)
+    n_trials: int | None = None
+    seed: int = 0
+    study_prefix: str | None = None
+    storage_url: str | None = None
+    heartbeat_interval: int = 60
+    grace_period: int | None = None
+    profiles: ProfileProvider | None = None
+    profile_concurrencies: Sequence[int] = ()
+    _cache: dict[tuple[SpecConfig, Scenario], Measurement] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.n_trials is not None and self.n_trials < 1:
+            raise UsageError(f"--trials must be >= 1, but got {self.n_trials}.")
+        if self.heartbeat_interval < 1:
+            raise UsageError(f"--heartbeat must be >= 1 second, but got {self.heartbeat_interval}.")
+        if self.study_prefix is None:
+            self.study_prefix = default_study_prefix(
+                self.model, self.device, self.workload.name, self.objective.slug(), self.strategy.label
+            ) + f"-{self.fingerprint()}"
+        if self.profiles is None:
+            self.profiles = functools.partial(
+                store_or_profile, store=self.store, backend=self.backend, model=self.model, device=self.device,
+                concurrencies=tuple(self.profile_concurrencies),
+            )
+
+    def fingerprint(self) -> str:
+        """6 hex digits identifying the space and workload content (part of default study names, so a changed space
+        or workload starts a new study instead of resuming an incompatible one)."""
+        blob = json.dumps([self.space.to_dict(), self.workload.content_hash()], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:6]
+
+    @property
+    def target(self) -> int:
+        """Trials per scenario: --trials (or the strategy's default), at most the number of configs in the space."""
+        wanted = self.n_trials if self.n_trials is not None else self.strategy.default_trials(self.space)
+        return min(wanted, len(self.space.grid()))
+
+    def measure(self, config: SpecConfig, scenario: Scenario) -> Measurement:
+        """Measure once per (config, scenario) within this process; predictions and measurements are reused."""
+        key = (config, scenario)
+        if key not in self._cache:
+            self._cache[key] = self.backend.measure(config, self.workload, scenario)
+        return self._cache[key]
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+
+    def run(self, scenarios: Sequence[Scenario], on_event: EventCallback | None = None) -> list[ScenarioResult]:
+        return [self.run_scenario(s, on_event) for s in scenarios]
+
+    def run_scenario(self, scenario: Scenario, on_event: EventCallback | None = None) -> ScenarioResult:
+        """Run (or resume, or join) the study of `scenario` until it has `target` finished trials, then pick."""
+        study_name = study_name_for(str(self.study_prefix), scenario)
+        url = self.storage_url or self.store.url
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = open_storage(url, self.heartbeat_interval, self.grace_period)
+        lock = ClaimLock(url, study_name)
+        with warnings.catch_warnings():
+            # fail_stale_trials, the retry callback and metric names are stable but flagged experimental; Optuna also
+            # warns that heartbeats are meant for Study.optimize, but this loop beats itself (see Heartbeat).
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            warnings.filterwarnings("ignore", message=".*independent sampl", category=UserWarning)
+            try:
+                return self._run_scenario(scenario, study_name, storage, lock, on_event)
+            finally:
+                lock.close()
+                storage.engine.dispose()
+
+    def _run_scenario(
+        self,
+        scenario: Scenario,
+        study_name: str,
+        storage: optuna.storages.RDBStorage,
+        lock: ClaimLock,
+        on_event: EventCallback | None,
+    ) -> ScenarioResult:
+        with lock:
+            study = self._open_study(storage, study_name, scenario)
+            ctx = StrategyContext(
+                study, scenario, self.target, self.space, self.objective, self.workload,
+                self.backend.target_model or self.model, self.profiles,
+            )
+            recorder = TrialRecorder(self.store, study_name, self.model, scenario, self.objective.value_names)
+            run = _Run(study, storage, lock, scenario, self.target, ctx, recorder,
+                       rng=random.Random(f"{self.seed}:{study_name}"))
+            self._enqueue_initial(run)
+            # Release trials of workers that died, so the start counts are right.
+            optuna.storages.fail_stale_trials(study)
+            fail_orphans(study, storage, lock, study.get_trials(deepcopy=False))
+        start = state_counts(study.get_trials(deepcopy=False))
+        self._emit(on_event, SearchEvent.of("start", study_name, run.target, start))
+        self._loop(run, on_event)
+        run.recorder.sync(study.get_trials(deepcopy=False))
+        trials = study.get_trials(deepcopy=False)
+        self._emit(on_event, SearchEvent.of("end", study_name, run.target, state_counts(trials)))
+        return self._result(run, trials)
+
+    def _open_study(self, storage: optuna.storages.RDBStorage, name: str, scenario: Scenario) -> optuna.Study:
+        """Create or load the study (under the claim lock) and check it is the same search.
+
+        Each opening of a study (a worker joining, or a resumed run) gets its own sampler seed, ``seed + openings``:
+        the first run is reproducible, and two workers (or a resumed run) do not replay the same random proposals.
+        """
+        study = optuna.create_study(
+            study_name=name, storage=storage, directions=self.objective.directions, load_if_exists=True
+        )
+        meta = {
+            "model": self.model,
+            "device": self.device,
+            "workload": self.workload.name,
+            "workload_hash": self.workload.content_hash(),
+            "objective": self.objective.to_dict(),
+            "scenario": scenario.to_dict(),
+            "backend": self.backend.name,
+        }
+        stored = study.user_attrs.get(ATTR)
+        if stored is None:
+            stored = {**meta, "space": self.space.to_dict(), "strategy": self.strategy.name, "openings": 0}
+            study.set_metric_names(self.objective.value_names)
+        else:
+            differ = {k: (stored.get(k), v) for k, v in meta.items() if stored.get(k) != v}
+            if differ:
+                detail = "; ".join(f"{k}: study has {a!r}, this run {b!r}" for k, (a, b) in differ.items())
+                raise UsageError(
+                    f"Study {name!r} was created for another search ({detail}). Resume it with the same options, "
+                    "or pass a new --study name."
+                )
+        openings = int(stored.get("openings", 0))
+        study.set_user_attr(ATTR, {**stored, "openings": openings + 1})
+        study.sampler = self.strategy.sampler(
+            self.objective, self.seed + openings, deterministic=self.backend.capabilities.predicts
+        )
+        return study
+
+    def _enqueue_initial(self, run: _Run) -> None:
+        """Enqueue the strategy's initial configs that the study does not hold yet (in any state)."""
+        trials = run.study.get_trials(deepcopy=False)
+        present = {c for c in (self._config_of(t) for t in trials) if c is not None}
+        for config in self.strategy.initial_configs(run.ctx):
+            if config not in present:
+                run.ctx.enqueue(config)
+                present.add(config)
+
+    def _config_of(self, t: FrozenTrial) -> SpecConfig | None:
+        return trial_config(self.space, t)
+
+    def _loop(self, run: _Run, on_event: EventCallback | None) -> None:
+        if self.strategy.should_stop(run.ctx):  # e.g. a resumed model-guided study that had confirmed its best
+            return
+        while True:
+            claim = self._claim(run)
+            if claim is None:
+                return
+            try:
+                if claim.duplicate_of is not None:
+                    state = self._tell_duplicate(run, claim)
+                    run.streak += 1
+                    measurement = None
+                else:
+                    run.streak = 0
+                    with Heartbeat(run.storage, claim.trial._trial_id, self.heartbeat_interval):
+                        state, measurement = self._evaluate(run, claim)
+            except BaseException:
+                self._abandon(run, claim)
+                raise
+            counts = dict(claim.counts)
+            if state != "duplicate":
+                counts[state] += 1
+            done = claim.done + (state != "duplicate")
+            self._emit(on_event, SearchEvent.of("trial", run.study.study_name, run.target, counts, done, state,
+                                                claim.config))
+            if measurement is not None:
+                self.strategy.after_trial(run.ctx, claim.config, measurement)
+            if self.strategy.should_stop(run.ctx):
+                return
+
+    def _claim(self, run: _Run) -> _Claim | None:
+        """Under the claim lock: fail dead workers' trials, stop at the target, else ask for the next trial."""
+        study = run.study
+        with run.lock:
+            optuna.storages.fail_stale_trials(study)
+            trials = study.get_trials(deepcopy=False)
+            if fail_orphans(study, run.storage, run.lock, trials):
+                trials = study.get_trials(deepcopy=False)
+            claimed_trials = [t for t in trials if counted(t)]
+            if len(claimed_trials) >= run.target:
+                return None
+            claimed: dict[SpecConfig, FrozenTrial] = {}
+            for t in claimed_trials:
+                config = self._config_of(t)
+                if config is not None:
+                    claimed.setdefault(config, t)
+            if not any(t.state == TrialState.WAITING for t in trials):
+                unclaimed = [c for c in self.space.grid() if c not in claimed]
+                if not unclaimed:
+                    return None  # every config of the space has been measured (or is being measured)
+                if run.streak >= DUPLICATE_STREAK_LIMIT:
+                    run.ctx.enqueue(run.rng.choice(unclaimed))
+                    run.streak = 0
+            trial = study.ask()
+            config = self.space.suggest(trial)
+            duplicate = claimed.get(config)
+            info: dict[str, Any] = {"worker": this_worker(), "config": config.to_dict()}
+            if duplicate is not None:
+                info["duplicate_of"] = duplicate.number
+            trial.set_user_attr(ATTR, info)
+            done = sum(1 for t in claimed_trials if t.state.is_finished())
+            return _Claim(trial, config, info, duplicate, done, state_counts(trials))
+
+    def _abandon(self, run: _Run, claim: _Claim) -> None:
+        """An interrupted measurement (Ctrl-C, a crash in our code): FAIL the trial and re-queue its config."""
+        trial = claim.trial
+        try:
+            if run.storage.get_trial(trial._trial_id).state.is_finished():
+                return
+            trial.set_user_attr(ATTR, {**claim.info, "status": "interrupted"})
+            run.study.tell(trial, state=TrialState.FAIL)
+            if claim.duplicate_of is None:
+                requeue(run.study, run.storage, trial._trial_id)
+        except Exception as exc:  # the heartbeat will catch it
+            log.warning("could not release trial %s: %s", trial.number, exc)
+
+    def _tell_duplicate(self, run: _Run, claim: _Claim) -> str:
+        """A config already measured in this study: tell the sampler the earlier result instead of measuring again."""
+        original = run.storage.get_trial(claim.duplicate_of._trial_id) if claim.duplicate_of is not None else None
+        trial = claim.trial
+        if original is not None and original.state == TrialState.COMPLETE and original.values is not None:
+            for key, value in original.constraints.items():
+                trial.set_constraint(key, value)
+            run.study.tell(trial, original.values)
+        else:
+            run.study.tell(trial, state=TrialState.FAIL)
+        return "duplicate"
+
+    def _evaluate(self, run: _Run, claim: _Claim) -> tuple[str, Measurement]:
+        """Measure the claimed config, tell the study (values, SLO constraints, our attributes) and store it."""
+        trial, config = claim.trial, claim.config
+        m = self._measure_counted(run, config)
+        metrics = measurement_metrics(m)
+        values: list[float] = []
+        constraints: dict[str, float] = {}
+        failure: str | None = None
+        if not m.ok:
+            status, failure = "failed", f"{m.failure_kind}: {m.failure_reason}"
+        else:
+            try:
+                values = self.objective.values(metrics)
+                constraints = self.objective.constraints(metrics)
+                status = "complete"
+            except MissingFigureError as exc:
+                status, failure = "failed", str(exc)
+        if constraints:
+            metrics["constraints"] = constraints
+            metrics["feasible"] = all(v <= 0 for v in constraints.values())
+        info = {**claim.info, "status": status, "metrics": metrics, "measurement": slim(m),
+                "provenance": m.provenance.to_dict()}
+        if failure:
+            info["failure"] = failure
+        for key, value in constraints.items():
+            trial.set_constraint(key, value)
+        trial.set_user_attr(ATTR, info)
+        if status == "complete":
+            run.study.tell(trial, values)
+        else:
+            run.study.tell(trial, state=TrialState.FAIL)
+        run.recorder.record(trial.number, config, status, values, metrics, m.provenance.to_dict(), failure)
+        return status, m
+
+    @staticmethod
+    def _emit(on_event: EventCallback | None, event: SearchEvent) -> None:
+        if on_event is not None:
+            on_event(event)
+
+    # ---- the result ----------------------------------------------------------------------------------------------
+
+    def _result(self, run: _Run, trials: Sequence[FrozenTrial]) -> ScenarioResult:
+        result = summarize(
+            run.study, trials, run.scenario, self.objective, self.space, self.strategy.name,
+            lambda config: self._measure_counted(run, config),
+        )
+        result.n_measurements = run.measurements
+        report = self.strategy.report(run.ctx)
+        result.strategy_report = report
+        result.profile_launches = int(report.get("profile_launches", 0))
+        config = result.best.config
+        if result.feasible and config.speculative:
+            result.schedule = depths.depth_schedule(
+                self.backend, lambda c, _w, s: self.measure(c, s), config, self.workload, self.space
+            )
+            result.class_policy = depths.class_caps(self.backend, config, self.workload, run.scenario, self.space)
+        return result
+
+    def _measure_counted(self, run: _Run, config: SpecConfig) -> Measurement:
+        """`measure`, counting a measurement this worker had not made yet against the scenario."""
+        run.measurements += int((config, run.scenario) not in self._cache)
+        return self.measure(config, run.scenario)
+
+    def recommend(self, result: ScenarioResult, environment: Mapping[str, Any]) -> int | None:
+        """Store `result` as a recommendation and return its id; None (nothing stored) when no config met the SLOs."""
+        if not result.feasible:
+            return None
+        best = result.best
+        rid = self.store.add_recommendation(
+            model=self.model,
+            gpu=self.device,
+            vllm_version=environment.get("vllm_version"),
+            workload_name=self.workload.name,
+            workload_hash=self.workload.content_hash(),
+            objective=self.objective.name,
+            scenario=result.scenario.to_dict(),
+            best_config=best.config.to_dict(),
+            metrics=result.recommendation_metrics(),
+            provenance=best.provenance.to_dict(),
+            pareto=[p.to_dict() for p in result.pareto],
+            schedule=[dataclasses.asdict(e) for e in result.schedule],
+            class_policy=result.class_policy,
+            study=result.study_name,
+        )
+        result.recommendation_id = rid
+        return rid

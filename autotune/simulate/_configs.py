@@ -1,0 +1,252 @@
+"""The serving configs the simulator compares, as depth rules: per step, each decoding request's verified depth and
+the drafter's depth.
+
+- `NoSpeculation`: no drafter (K = 0, nothing drafted).
+- `StaticDepth(k)`: vLLM with ``num_speculative_tokens = k``: every request verifies k drafts, the drafter drafts k.
+- `BatchSizeSchedule(entries)`: vLLM's ``num_speculative_tokens_per_batch_size``: the depth of a step is the entry
+  covering the number of scheduled requests (0 outside every range).
+- `Adaptive(policy, ...)`: the real `policies.DepthController` (built by ``RequestPolicy.make_controller``, the same
+  code the scheduler plugin runs), fed the running batch as a `policies.TrackedBatch` and each step's outcome with
+  ``observe_step``, exactly as the plugin does. ``drafter_width=False`` is the shipped plugin with parallel drafting
+  (depth applied by trimming: the drafter drafts K_max every step); ``drafter_width=True`` lets the drafter draft
+  only the deepest planned depth and skip steps where every depth is 0 (issue 10's drafter-width control).
+
+A config is stateless; `start` returns a fresh `DepthRule` for one simulation run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from autotune.errors import UsageError
+from autotune.search.schedule import ScheduleEntry
+from policies import (
+    AcceptanceEstimator,
+    AcceptanceProfile,
+    RequestPolicy,
+    RequestView,
+    StepCostModel,
+    TrackedBatch,
+)
+
+__all__ = [
+    "Adaptive",
+    "BatchSizeSchedule",
+    "DepthRule",
+    "NoSpeculation",
+    "ServingConfig",
+    "StaticDepth",
+]
+
+StepResult = tuple[str, str, int, int]
+"""(request id, class, verified drafts, accepted drafts) of one decoding request in a step."""
+
+
+class DepthRule(Protocol):
+    """One run's depth decisions. The engine calls `join` when a request's prompt completes (it decodes from the
+    next step), `leave` when it finishes, `plan` once per step and `observe` after it."""
+
+    def join(self, request_id: str, cls: str) -> None: ...
+
+    def leave(self, request_id: str) -> None: ...
+
+    def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
+        """(depth each request verifies in the NEXT step, in order; drafter depth D of THIS step, 0: no pass).
+
+        ``request_ids``: the requests that will decode next (this step's decoding requests and those whose prompt
+        completes in this step), all joined. ``scheduled``: requests in this step (decoding + prefilling), what
+        vLLM's batch-size schedule keys on.
+        """
+        ...
+
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+class ServingConfig(Protocol):
+    """A config compared by the simulator: a label, whether the engine has a drafter, and fresh depth rules."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def kind(self) -> str:
+        """"none", "static", "schedule" or "adaptive"."""
+        ...
+
+    @property
+    def speculative(self) -> bool: ...
+
+    def start(self) -> DepthRule: ...
+
+
+class _FixedRule:
+    """Depth from the batch size only (no state)."""
+
+    def __init__(self, depth_for: Any) -> None:
+        self._depth_for = depth_for
+
+    def join(self, request_id: str, cls: str) -> None:
+        pass
+
+    def leave(self, request_id: str) -> None:
+        pass
+
+    def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
+        k = self._depth_for(scheduled)
+        return [k] * len(request_ids), k
+
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass(frozen=True)
+class NoSpeculation:
+    """Serving without speculative decoding."""
+
+    label: str = "no speculation"
+    kind: str = "none"
+    speculative: bool = False
+
+    def start(self) -> DepthRule:
+        return _FixedRule(lambda b: 0)
+
+
+@dataclass(frozen=True)
+class StaticDepth:
+    """vLLM at a fixed ``num_speculative_tokens`` = k (k >= 1)."""
+
+    k: int
+    kind: str = "static"
+    speculative: bool = True
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise UsageError(f"a static depth is >= 1 (use NoSpeculation for K=0), but got K={self.k}.")
+
+    @property
+    def label(self) -> str:
+        return f"static K={self.k}"
+
+    def start(self) -> DepthRule:
+        k = self.k
+        return _FixedRule(lambda b: k)
+
+
+@dataclass(frozen=True)
+class BatchSizeSchedule:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive batch-size ranges -> K."""
+
+    entries: tuple[ScheduleEntry, ...]
+    kind: str = "schedule"
+    speculative: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise UsageError("a batch-size schedule needs at least one [batch_min, batch_max, K] entry.")
+
+    @property
+    def label(self) -> str:
+        return "vLLM schedule " + " ".join(f"{e.batch_min}-{e.batch_max}:{e.k}" for e in self.entries)
+
+    def depth_at(self, batch_size: int) -> int:
+        for e in self.entries:
+            if e.batch_min <= batch_size <= e.batch_max:
+                return e.k
+        return 0
+
+    def start(self) -> DepthRule:
+        return _FixedRule(self.depth_at)
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """The depth controller of `policies`, driven through its public API (see the module docstring).
+
+    ``policy``: classes, caps, static fallback and `ControllerSettings` (``policy.controller``); its
+    ``drafter_always_runs`` is set from ``drafter_width``. ``cost_model``: the controller's step-cost model (a copy is
+    refined online in each run). ``priors``: class profiles seeding the estimator (a stored profile in production).
+    """
+
+    policy: RequestPolicy
+    cost_model: StepCostModel
+    priors: Mapping[str, AcceptanceProfile] = field(default_factory=dict)
+    drafter_width: bool = False
+    name: str | None = None
+    kind: str = "adaptive"
+    speculative: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return "adaptive (drafter width)" if self.drafter_width else "adaptive (trim)"
+
+    def start(self) -> DepthRule:
+        settings = replace(self.policy.controller, drafter_always_runs=not self.drafter_width)
+        policy = replace(self.policy, controller=settings)
+        cost = StepCostModel.from_dict(self.cost_model.to_dict())
+        if self.priors:
+            estimator = AcceptanceEstimator.from_profiles(
+                self.priors, max_k=policy.max_k, prior_strength=settings.prior_strength, decay=settings.decay
+            )
+        else:
+            estimator = AcceptanceEstimator(max(policy.max_k, 1), decay=settings.decay)
+        return _AdaptiveRule(policy, policy.make_controller(cost, estimator), self.drafter_width)
+
+
+class _AdaptiveRule:
+    def __init__(self, policy: RequestPolicy, controller: Any, drafter_width: bool) -> None:
+        self.policy = policy
+        self.controller = controller
+        self.drafter_width = drafter_width
+        self.batch = TrackedBatch()
+        self.views: dict[str, RequestView] = {}
+        self.fallbacks = 0
+        self.fallback_reason = ""
+        self.steps = 0
+
+    def join(self, request_id: str, cls: str) -> None:
+        view = self.policy.view(request_id, assigned=cls)  # the workload's class is ground truth, not a client label
+        self.views[request_id] = view
+        self.batch.add(view)
+
+    def leave(self, request_id: str) -> None:
+        self.views.pop(request_id, None)
+        self.batch.remove(request_id)
+
+    def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
+        max_k = self.controller.max_k
+        if not request_ids:  # a prefill-only step: trimming drafts K_max anyway, width control drafts nothing
+            return [], 0 if self.drafter_width else max_k
+        self.steps += 1
+        decision = self.controller.decide_or_fallback(self.batch)
+        if decision.fallback:
+            self.fallbacks += 1
+            self.fallback_reason = self.fallback_reason or decision.reason
+        views = self.views
+        depths = [decision.depth_for(views[r]) for r in request_ids]
+        if not self.drafter_width:
+            return depths, max_k
+        return depths, max(depths, default=0)
+
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
+        if results:
+            self.controller.observe_step(results, step_ms)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "plan_switches": self.controller.switches,
+            "final_plan": dict(self.controller.plan),
+            "controller_steps": self.steps,
+        }
+        if self.fallbacks:
+            out["controller_fallbacks"] = self.fallbacks
+            out["fallback_reason"] = self.fallback_reason
+        return out

@@ -1,0 +1,230 @@
+"""Step-cost sources: the time of one engine step of any shape, ms (predicted), for the simulator.
+
+A step verifies ``V = sum_r (K_r + 1)`` tokens of B decoding requests (per-request depths), lets the drafter propose
+D drafts per request (D = 0: the drafter does not run, nor does the rejection sampler), and may also compute prompt
+(prefill) tokens of newly admitted requests (vLLM V1 chunks prefill into the same forward pass). `StepShape` says
+that; a `StepCostSource` prices it. Two sources:
+
+- `RooflineStepCost`: the model backend's GPU roofline (`autotune.backends.model.ModelBackend`). It calls
+  ``ModelBackend.step(config, batch_size, context_tokens)`` -> `StepTime` for uniform depths and composes a mixed
+  step from its parts: the target side interpolated in V between the two neighbouring uniform depths, the
+  speculation overhead when the drafter runs, the drafter side at depth D, and the backend's `Calibration` over
+  both sides. A uniform step (every K_r = D = K) is exactly ``ModelBackend.predict_step_ms``. Prefill tokens add
+  the marginal cost of a longer target pass (``autotune.backends._roofline.target_pass``, the function the
+  backend's own step time is built on): on a MoE model a decode batch already reads most experts, so an isolated
+  prefill pass would count them twice.
+- `FittedStepCost`: a measured `policies.StepCostModel` fit (what ``peagle-tune profile`` stores): its
+  ``predict_tokens(B, V, drafter_ran, D)``, with prompt tokens priced like verified tokens (one forward pass over
+  all of them), plus an optional constant per-step host time outside the measured step window.
+
+`controller_cost_model` fits the linear `StepCostModel` the depth controller would get from profiling that GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.errors import UsageError
+from autotune.spec import SpecConfig
+from policies import StepCostModel, StepSample
+
+if TYPE_CHECKING:  # the model backend is imported only when a roofline source is built
+    from autotune.backends.model import ModelBackend, StepTime
+
+__all__ = [
+    "FittedStepCost",
+    "RooflineStepCost",
+    "StepCostSource",
+    "StepShape",
+    "controller_cost_model",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """The shape of one engine step.
+
+    ``batch_size``: decoding requests (each verifies K_r >= 0 drafts). ``verified_tokens``: ``sum_r (K_r + 1)``.
+    ``drafting_depth``: drafts the drafter proposes per request in this step (0: no drafter pass, no rejection
+    sampling). ``context_tokens``: mean context (prompt + generated) of the decoding requests. ``prefill_tokens``:
+    prompt tokens computed in the step, for ``prefill_requests`` requests.
+    """
+
+    batch_size: int
+    verified_tokens: int
+    drafting_depth: int
+    context_tokens: float
+    prefill_tokens: int = 0
+    prefill_requests: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0:
+            raise ValueError(f"a step shape has no negative counts, but got {self}.")
+        if self.batch_size + self.prefill_requests < 1:
+            raise ValueError("a step has at least one request (decoding or prefilling).")
+        if self.verified_tokens < self.batch_size:
+            raise ValueError(
+                f"verified_tokens counts K_r + 1 per decoding request, so it must be >= batch_size="
+                f"{self.batch_size}, but got {self.verified_tokens}."
+            )
+
+
+class StepCostSource(Protocol):
+    """Prices an engine step (ms, predicted). ``label`` names the source for provenance."""
+
+    @property
+    def label(self) -> str: ...
+
+    def step_ms(self, shape: StepShape) -> float: ...
+
+
+class FittedStepCost:
+    """Step times from a fitted `policies.StepCostModel` (measured samples, linear fit).
+
+    A step with prefill is priced as one pass over ``B + prefill_requests`` requests and ``V + prefill_tokens``
+    tokens. ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step
+    from ``schedule()`` to ``update_from_output()``; output processing between steps is not in it), default 0.
+    """
+
+    def __init__(self, model: StepCostModel, *, label: str = "fitted step-cost model", step_overhead_ms: float = 0.0):
+        if not (math.isfinite(step_overhead_ms) and step_overhead_ms >= 0):
+            raise UsageError(f"step_overhead_ms must be a finite number >= 0, but got {step_overhead_ms}.")
+        self.model = model
+        self.step_overhead_ms = float(step_overhead_ms)
+        self._label = label
+
+    @property
+    def label(self) -> str:
+        if self.step_overhead_ms:
+            return f"{self._label} + {self.step_overhead_ms:.3g} ms/step host time"
+        return self._label
+
+    def step_ms(self, shape: StepShape) -> float:
+        ran = shape.drafting_depth > 0
+        ms = self.model.predict_tokens(
+            shape.batch_size + shape.prefill_requests,
+            shape.verified_tokens + shape.prefill_tokens,
+            ran,
+            shape.drafting_depth,
+        )
+        return max(ms, 1e-3) + self.step_overhead_ms
+
+
+class RooflineStepCost:
+    """Step times from the model backend's roofline for one GPU (see the module docstring for the composition).
+
+    ``backend``: a `ModelBackend` for the target and GPU (its calibration applies). ``drafter``: the speculative
+    config whose drafter drafts (any K; each depth is priced with its own K); None for a no-speculation engine.
+    ``context_bucket``: contexts are rounded to this many tokens so repeated shapes are priced once.
+    """
+
+    def __init__(self, backend: ModelBackend, drafter: SpecConfig | None, *, context_bucket: int = 64) -> None:
+        if drafter is not None and not drafter.speculative:
+            drafter = None
+        if drafter is not None:
+            backend.drafter_for(drafter)  # fail early on an unknown or incompatible drafter
+        self.backend = backend
+        self.drafter = drafter
+        self.context_bucket = max(int(context_bucket), 1)
+        self._cache: dict[tuple[int, int, int, int, int, int], float] = {}
+        self._steps: dict[tuple[int, int, int], StepTime] = {}
+
+    @property
+    def label(self) -> str:
+        return f"model backend {self.backend.step_cost_source}, {self.backend.device}"
+
+    def _step(self, batch: int, k: int, context: int) -> StepTime:
+        key = (batch, k, context)
+        st = self._steps.get(key)
+        if st is None:
+            if k == 0 or self.drafter is None:
+                config = SpecConfig()
+            else:
+                config = self.drafter.with_(num_speculative_tokens=k)
+            st = self._steps[key] = self.backend.step(config, batch, float(context))
+        return st
+
+    def _target_ms(self, batch: int, depth: float, context: int) -> float:
+        """Target pass (with its overheads, without speculation overhead) at mean verified depth ``depth``."""
+        lo = int(math.floor(depth))
+        frac = depth - lo
+        a = self._step(batch, lo, context)
+        ms = a.verify_side_ms - a.spec_overhead_ms
+        if frac > 1e-9:
+            b = self._step(batch, lo + 1, context)
+            ms += frac * ((b.verify_side_ms - b.spec_overhead_ms) - ms)
+        return ms
+
+    def step_ms(self, shape: StepShape) -> float:
+        bucket = self.context_bucket
+        context = max(bucket, int(round(shape.context_tokens / bucket)) * bucket)
+        draft_depth = shape.drafting_depth if self.drafter is not None else 0
+        key = (shape.batch_size, shape.verified_tokens, draft_depth, context, shape.prefill_tokens,
+               shape.prefill_requests)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        b = shape.batch_size
+        verify = 0.0
+        spec = 0.0
+        draft = 0.0
+        drafting_batch = b if b > 0 else shape.prefill_requests
+        if b > 0:
+            verify = self._target_ms(b, shape.verified_tokens / b - 1.0, context)
+        if draft_depth > 0:
+            st = self._step(drafting_batch, draft_depth, context)
+            spec = st.spec_overhead_ms
+            draft = st.draft_side_ms
+        if shape.prefill_tokens > 0:
+            verify += self._prefill_marginal_ms(shape, context)
+        calibration = self.backend.calibration
+        ms = calibration.apply(verify + spec, draft) if calibration is not None else verify + spec + draft
+        self._cache[key] = ms
+        return ms
+
+    def _prefill_marginal_ms(self, shape: StepShape, context: int) -> float:
+        """Extra target-pass time for the prompt tokens of a mixed step (all of it for a prefill-only step)."""
+        from autotune.backends._roofline import target_pass
+
+        backend = self.backend
+        prompt_ctx = shape.prefill_tokens / max(shape.prefill_requests, 1) / 2.0
+        requests = shape.batch_size + shape.prefill_requests
+        mean_ctx = (shape.batch_size * context + shape.prefill_requests * prompt_ctx) / requests
+        full = target_pass(backend.model, backend.gpu, shape.verified_tokens + shape.prefill_tokens, requests,
+                           mean_ctx, backend.params).total_ms
+        if shape.batch_size == 0:
+            return full
+        decode_only = target_pass(backend.model, backend.gpu, shape.verified_tokens, shape.batch_size, float(context),
+                                  backend.params).total_ms
+        return max(full - decode_only, 0.0)
+
+
+def controller_cost_model(
+    source: StepCostSource,
+    max_k: int,
+    batch_sizes: Sequence[int],
+    context_tokens: float,
+    *,
+    drafter_always_runs: bool = True,
+) -> StepCostModel:
+    """The linear `StepCostModel` a profile of this GPU would give the depth controller: a fit of ``source`` over a
+    grid of batch sizes x uniform verified depths 0..max_k, plus no-speculation steps (the profile's baseline
+    launch). ``drafter_always_runs``: depth applied by trimming (the drafter drafts max_k in every step, as the
+    shipped plugin does with parallel drafting); False: the drafter drafts the verified depth and skips depth 0.
+    """
+    if not batch_sizes:
+        raise UsageError("controller_cost_model needs at least one batch size.")
+    samples = []
+    for b in sorted(set(batch_sizes)):
+        plain = source.step_ms(StepShape(b, b, 0, context_tokens))
+        samples.append(StepSample(b, 0, plain, verified_tokens=b, drafter_ran=False))
+        for k in range(max_k + 1):
+            d = max_k if drafter_always_runs else k
+            if d == 0:
+                continue
+            ms = source.step_ms(StepShape(b, b * (k + 1), d, context_tokens))
+            samples.append(StepSample(b, k, ms, verified_tokens=b * (k + 1), drafter_ran=True))
+    return StepCostModel.fit(samples)

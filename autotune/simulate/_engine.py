@@ -1,0 +1,311 @@
+"""The simulated engine: continuous batching step by step, the way vLLM V1's scheduler runs it (simplified).
+
+Each step:
+
+1. requests that arrived wait in a FIFO queue; while fewer than ``max_num_seqs`` run, the next one is admitted;
+2. every decoding request verifies the depth decided for it in the step before, at most the drafts the drafter
+   proposed for it then (a request's first decode step verifies all of them when nothing was decided for it);
+3. the token budget ``max_num_batched_tokens`` goes first to the decoding requests (K_r + 1 each), then to prompt
+   tokens of admitted requests in admission order (chunked prefill, as in vLLM V1);
+4. the config's `DepthRule` decides, for the requests that will decode next (this step's decoding requests and those
+   whose prompt completes now), their depth in the next step, and the drafter's depth D of this step (0: no drafter
+   pass) -- the scheduler plugin's order: decide at ``schedule()`` of step n, draft during step n, verify at n+1;
+5. the step takes ``cost.step_ms(StepShape(...))``; every decoding request gains ``A_r + 1`` tokens (A_r accepted
+   drafts from its `AcceptanceStream`, plus the bonus token), capped at its output length; a request whose prompt
+   is complete gains its first token (TTFT);
+6. finished requests leave; in closed loop their client sends the next request of the phase at once.
+
+Not modelled: KV-cache capacity and preemption, the scheduler's own CPU time beyond what the cost source prices,
+async scheduling, and early stops (EOS): each request generates exactly its output length. Time is in ms from the
+start of the run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.simulate._acceptance import AcceptanceModel, AcceptanceStream
+from autotune.simulate._configs import ServingConfig
+from autotune.simulate._cost import StepCostSource, StepShape
+from autotune.simulate._requests import Phase, SimRequest
+
+__all__ = ["RequestRecord", "SimRun", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one request (times in ms from the start of the run)."""
+
+    request_id: str
+    cls: str
+    phase: int
+    arrival_ms: float
+    first_token_ms: float
+    finish_ms: float
+    output_tokens: int
+    decode_steps: int
+    drafted: int
+    accepted: int
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.first_token_ms - self.arrival_ms
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first; None for a one-token request."""
+        if self.output_tokens < 2:
+            return None
+        return (self.finish_ms - self.first_token_ms) / (self.output_tokens - 1)
+
+
+@dataclass
+class SimRun:
+    """One config on one workload: per-request records, per-phase spans and step statistics (all predicted)."""
+
+    config: str
+    requests: list[RequestRecord]
+    phase_spans: list[tuple[float, float, int]]
+    """Per phase: (start ms, end ms, output tokens). In closed loop the spans follow each other."""
+    steps: int
+    decode_request_steps: int
+    depth_histogram: dict[int, int]
+    """Verified depth -> decoding request-steps."""
+    drafter_steps: int
+    """Steps in which the drafter ran."""
+    batch_sum: int
+    """Sum over steps of decoding requests (mean batch = batch_sum / steps)."""
+    duration_ms: float
+    rule_summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.requests)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.duration_ms * 1000.0 if self.duration_ms > 0 else 0.0
+
+    def phase_tokens_per_s(self) -> list[float]:
+        return [tok / (end - start) * 1000.0 if end > start else 0.0 for start, end, tok in self.phase_spans]
+
+
+class _Live:
+    __slots__ = ("req", "phase", "stream", "arrival", "prompt_left", "generated", "first_token", "steps", "drafted",
+                 "accepted", "drafts_ready", "next_depth", "decoding")
+
+    def __init__(self, req: SimRequest, phase: int, stream: AcceptanceStream, arrival: float) -> None:
+        self.req = req
+        self.phase = phase
+        self.stream = stream
+        self.arrival = arrival
+        self.prompt_left = req.prompt_tokens
+        self.generated = 0
+        self.first_token = math.nan
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.drafts_ready = 0
+        self.next_depth: int | None = None
+        self.decoding = False
+
+    @property
+    def context(self) -> int:
+        return self.req.prompt_tokens + self.generated
+
+
+def simulate(
+    phases: Sequence[Phase],
+    config: ServingConfig,
+    cost: StepCostSource,
+    acceptance: AcceptanceModel,
+    *,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    seed: int = 0,
+    max_steps: int = 5_000_000,
+) -> SimRun:
+    """Serve ``phases`` with ``config``; closed loop at ``concurrency`` or open loop at ``request_rate`` (req/s).
+
+    Deterministic for a seed: the acceptance streams are seeded per request (`AcceptanceModel`), Poisson arrivals
+    by ``seed``.
+    """
+    if (concurrency is None) == (request_rate is None):
+        raise UsageError("simulate needs exactly one of concurrency (closed loop) or request_rate (open loop).")
+    if concurrency is not None and concurrency < 1:
+        raise UsageError(f"concurrency must be >= 1, but got {concurrency}.")
+    if request_rate is not None and not (math.isfinite(request_rate) and request_rate > 0):
+        raise UsageError(f"request_rate must be > 0 requests/s, but got {request_rate}.")
+    if max_num_seqs < 1:
+        raise UsageError(f"max_num_seqs must be >= 1, but got {max_num_seqs}.")
+    rule = config.start()
+    max_k = acceptance.max_k
+    speculative = config.speculative
+
+    # Arrivals: open loop draws every request's time up front; closed loop releases them as clients free up.
+    timed: deque[tuple[float, int, SimRequest]] = deque()
+    if request_rate is not None:
+        rng = random.Random(seed)
+        t_arr = 0.0
+        for p, phase in enumerate(phases):
+            for r in phase.requests:
+                t_arr += rng.expovariate(request_rate) * 1000.0
+                timed.append((t_arr, p, r))
+    pending_phases = deque(enumerate(phases))
+    phase_queue: deque[SimRequest] = deque()
+    current_phase = -1
+    in_flight = 0
+
+    waiting: deque[_Live] = deque()
+    running: list[_Live] = []
+    records: list[RequestRecord] = []
+    spans: dict[int, list[float]] = {}
+    phase_tokens: dict[int, int] = {}
+    depth_hist: dict[int, int] = {}
+    t = 0.0
+    steps = decode_request_steps = drafter_steps = batch_sum = 0
+
+    def arrive(req: SimRequest, phase: int, at: float) -> None:
+        waiting.append(_Live(req, phase, acceptance.stream(req), at))
+        span = spans.setdefault(phase, [at, at])
+        span[0] = min(span[0], at)
+
+    def release_closed_loop() -> None:
+        nonlocal current_phase, in_flight
+        assert concurrency is not None
+        if not phase_queue and in_flight == 0 and pending_phases:
+            current_phase, phase = pending_phases.popleft()
+            phase_queue.extend(phase.requests)
+            spans.setdefault(current_phase, [t, t])
+        while phase_queue and in_flight < concurrency:
+            arrive(phase_queue.popleft(), current_phase, t)
+            in_flight += 1
+
+    while True:
+        if concurrency is not None:
+            release_closed_loop()
+        else:
+            while timed and timed[0][0] <= t:
+                at, p, req = timed.popleft()
+                arrive(req, p, at)
+        if not running and not waiting:
+            if concurrency is not None:
+                if not pending_phases and not phase_queue:
+                    break
+                continue
+            if not timed:
+                break
+            t = max(t, timed[0][0])
+            continue
+        if steps >= max_steps:
+            raise UsageError(f"the simulation did not finish within {max_steps} steps; shorten the workload.")
+        while waiting and len(running) < max_num_seqs:
+            running.append(waiting.popleft())
+
+        decoding = [x for x in running if x.decoding]
+        depths = []
+        verified = 0
+        for x in decoding:
+            k = x.drafts_ready if x.next_depth is None or x.next_depth > x.drafts_ready else x.next_depth
+            if k > max_k:
+                k = max_k
+            depths.append(k)
+            verified += k + 1
+        budget = max_num_batched_tokens - verified
+        chunks: list[tuple[_Live, int]] = []
+        for x in running:
+            if budget <= 0:
+                break
+            if x.decoding:
+                continue
+            chunk = x.prompt_left if x.prompt_left < budget else budget
+            chunks.append((x, chunk))
+            budget -= chunk
+        if not decoding and not chunks:
+            raise UsageError(
+                f"max_num_batched_tokens={max_num_batched_tokens} leaves no room for any token of the step; raise it."
+            )
+        completing = [x for x, chunk in chunks if chunk == x.prompt_left and x.req.output_tokens > 1]
+        for x in completing:
+            rule.join(x.req.request_id, x.req.cls)
+        planned_for = decoding + completing
+        planned, drafting = rule.plan([x.req.request_id for x in planned_for], len(decoding) + len(chunks))
+        if not speculative:
+            drafting = 0
+        prefill_tokens = sum(c for _, c in chunks)
+        context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
+        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks))
+        step_ms = cost.step_ms(shape)
+        t += step_ms
+        steps += 1
+        batch_sum += len(decoding)
+        if drafting > 0:
+            drafter_steps += 1
+        for x, k in zip(planned_for, planned, strict=True):
+            x.next_depth = k
+            x.drafts_ready = drafting
+
+        results = []
+        finished: list[_Live] = []
+        for i, x in enumerate(decoding):
+            k = depths[i]
+            a = x.stream.accepted(k)
+            gain = a + 1
+            left = x.req.output_tokens - x.generated
+            if gain > left:
+                gain = left
+            x.generated += gain
+            x.steps += 1
+            x.drafted += k
+            x.accepted += a
+            depth_hist[k] = depth_hist.get(k, 0) + 1
+            results.append((x.req.request_id, x.req.cls, k, a))
+            if x.generated >= x.req.output_tokens:
+                finished.append(x)
+        decode_request_steps += len(decoding)
+        for x, chunk in chunks:
+            x.prompt_left -= chunk
+            if x.prompt_left == 0:
+                x.generated = 1
+                x.first_token = t
+                if x.generated >= x.req.output_tokens:
+                    finished.append(x)
+                else:
+                    x.decoding = True
+        rule.observe(results, None if prefill_tokens else step_ms)
+        if finished:
+            gone = set(map(id, finished))
+            running = [x for x in running if id(x) not in gone]
+            for x in finished:
+                if x.decoding:
+                    rule.leave(x.req.request_id)
+                records.append(
+                    RequestRecord(x.req.request_id, x.req.cls, x.phase, x.arrival, x.first_token, t,
+                                  x.generated, x.steps, x.drafted, x.accepted)
+                )
+                spans[x.phase][1] = max(spans[x.phase][1], t)
+                phase_tokens[x.phase] = phase_tokens.get(x.phase, 0) + x.generated
+                if concurrency is not None:
+                    in_flight -= 1
+
+    start = min((s[0] for s in spans.values()), default=0.0)
+    return SimRun(
+        config=config.label,
+        requests=records,
+        phase_spans=[(spans[p][0], spans[p][1], phase_tokens.get(p, 0)) for p in sorted(spans)],
+        steps=steps,
+        decode_request_steps=decode_request_steps,
+        depth_histogram=dict(sorted(depth_hist.items())),
+        drafter_steps=drafter_steps,
+        batch_sum=batch_sum,
+        duration_ms=t - start,
+        rule_summary=rule.summary(),
+    )

@@ -1,0 +1,314 @@
+"""What a simulation is built from: the step-cost source, the acceptance model, and the configs to compare.
+
+Two starting points:
+
+- `gpu_setup`: a catalog model on a catalog GPU. Step cost from the model backend's roofline (`RooflineStepCost`);
+  acceptance per class from the drafter's published acceptance (the catalog's per-position curve through the
+  published acceptance lengths: a prediction), or from measured profiles when given.
+- `profile_setup`: a stored profile (``peagle-tune profile``): its measured acceptance per class and its fitted
+  `policies.StepCostModel` (`FittedStepCost`). This is how the CPU fixtures are simulated for validation.
+
+`Setup.configs` builds, for one ``max_num_seqs``: no speculation, static K = 1..K_max, vLLM's batch-size schedule
+(best K per batch size predicted from the same cost and acceptance, as ``benchmarks/bench_runtime.py`` chooses it),
+and the adaptive controller with trimming and with drafter-width control. The controller starts as it would in
+production: priors from the class profiles, a linear step-cost model fitted to a profile of the device
+(`controller_cost_model` for a GPU; the stored fit for a profile), the best static K for the mix as fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.catalogs import DrafterSpec, drafters_for, get_drafter, reference_survival, resolve_model
+from autotune.errors import UsageError
+from autotune.search.schedule import best_depth_per_batch, default_batch_sizes, merge_schedule
+from autotune.simulate._acceptance import AcceptanceModel, RequestTrace
+from autotune.simulate._configs import (
+    Adaptive,
+    BatchSizeSchedule,
+    NoSpeculation,
+    ServingConfig,
+    StaticDepth,
+)
+from autotune.simulate._cost import (
+    FittedStepCost,
+    RooflineStepCost,
+    StepCostSource,
+    StepShape,
+    controller_cost_model,
+)
+from autotune.simulate._requests import Phase
+from autotune.spec import MAX_K, SpecConfig
+from autotune.workloads import REFERENCE_FOR_CLASS
+from policies import AcceptanceProfile, RequestPolicy, StepCostModel
+
+if TYPE_CHECKING:
+    from autotune.backends.model import Calibration
+
+__all__ = [
+    "CONFIG_KINDS",
+    "Setup",
+    "gpu_setup",
+    "mean_context",
+    "profile_setup",
+    "published_profiles",
+    "token_weights",
+]
+
+CONFIG_KINDS = ("none", "static", "schedule", "adaptive", "adaptive-width")
+
+
+@dataclass
+class Setup:
+    """Everything a comparison needs besides the workload. ``context_tokens``: mean decoding context (tokens) for
+    the schedule's and the controller's step-cost fits."""
+
+    model: str
+    drafter: str | None
+    device: str
+    cost: StepCostSource
+    acceptance: AcceptanceModel
+    max_k: int
+    controller_cost: Mapping[bool, StepCostModel]
+    """drafter_width -> the controller's step-cost model (trimming: False; drafter-width control: True)."""
+    context_tokens: float
+    policy: RequestPolicy | None = None
+    """A user policy (classes, caps, controller settings); None: defaults with the predicted static fallback."""
+    warnings: list[str] = field(default_factory=list)
+
+    def uniform_step_ms(self, batch_size: int, k: int) -> float:
+        """Predicted step time of B requests all verifying k drafts with the drafter at k (vLLM static K)."""
+        return self.cost.step_ms(StepShape(batch_size, batch_size * (k + 1), k, self.context_tokens))
+
+    def mixed_acceptance_length(self, k: int, token_weights: Mapping[str, float]) -> float:
+        """AL(k) of the class mix: output tokens / request-steps, ``sum w / sum (w / AL_c)`` (token weights)."""
+        if k == 0:
+            return 1.0
+        total = sum(token_weights.values())
+        return total / sum(w / self.acceptance.acceptance_length(c, k) for c, w in token_weights.items() if w > 0)
+
+    def best_static(self, batch_size: int, token_weights: Mapping[str, float]) -> int:
+        """The static K >= 1 with the highest predicted goodput at this batch size (the controller's fallback)."""
+        goodput = self._goodput(token_weights)
+        return best_depth_per_batch(goodput, [batch_size], list(range(1, self.max_k + 1)))[batch_size]
+
+    def schedule(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> BatchSizeSchedule:
+        """vLLM's batch-size schedule: best K in 0..K_max at powers of two up to max_num_seqs, merged."""
+        goodput = self._goodput(token_weights)
+        best = best_depth_per_batch(goodput, default_batch_sizes(max_num_seqs), list(range(self.max_k + 1)))
+        return BatchSizeSchedule(tuple(merge_schedule(best, max_num_seqs)))
+
+    def _goodput(self, token_weights: Mapping[str, float]) -> Any:
+        def goodput(b: int, k: int) -> float:
+            return 1000.0 * b * self.mixed_acceptance_length(k, token_weights) / self.uniform_step_ms(b, k)
+
+        return goodput
+
+    def configs(
+        self,
+        max_num_seqs: int,
+        token_weights: Mapping[str, float],
+        kinds: Iterable[str] = CONFIG_KINDS,
+        static_ks: Sequence[int] | None = None,
+    ) -> list[ServingConfig]:
+        """The configs to compare at this ``max_num_seqs`` (see the module docstring)."""
+        kinds = set(kinds)
+        unknown = kinds - set(CONFIG_KINDS)
+        if unknown:
+            raise UsageError(f"unknown config kind(s) {sorted(unknown)}; known: {', '.join(CONFIG_KINDS)}.")
+        out: list[ServingConfig] = []
+        if "none" in kinds:
+            out.append(NoSpeculation())
+        if "static" in kinds:
+            ks = static_ks if static_ks is not None else range(1, self.max_k + 1)
+            out += [StaticDepth(k) for k in ks if 1 <= k <= self.max_k]
+        if "schedule" in kinds:
+            out.append(self.schedule(max_num_seqs, token_weights))
+        if kinds & {"adaptive", "adaptive-width"}:
+            policy = self.controller_policy(max_num_seqs, token_weights)
+            priors = dict(self.acceptance.profiles)
+            if "adaptive" in kinds:
+                out.append(Adaptive(policy, self.controller_cost[False], priors, drafter_width=False))
+            if "adaptive-width" in kinds:
+                out.append(Adaptive(policy, self.controller_cost[True], priors, drafter_width=True))
+        return out
+
+    def controller_policy(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> RequestPolicy:
+        """The user's policy (max_k clipped to the drafter's K), or defaults with the predicted best static K."""
+        if self.policy is not None:
+            p = self.policy
+            if p.max_k > self.max_k:
+                p = replace(p, max_k=self.max_k, static_k=min(p.static_k, self.max_k))
+            return p
+        classes = sorted(token_weights)
+        return RequestPolicy(
+            static_k=self.best_static(max_num_seqs, token_weights),
+            max_k=self.max_k,
+            default_class=classes[0] if classes else "chat",
+        )
+
+
+def token_weights(workloads: Iterable[Sequence[Phase]]) -> dict[str, float]:
+    """Output tokens per class over all phases of all workloads (the class mix the schedule is tuned for)."""
+    weights: dict[str, float] = {}
+    for phases in workloads:
+        for phase in phases:
+            for r in phase.requests:
+                weights[r.cls] = weights.get(r.cls, 0.0) + r.output_tokens
+    return weights
+
+
+def mean_context(workloads: Iterable[Sequence[Phase]]) -> float:
+    """Mean decoding context, tokens: prompt plus half the output, over all requests."""
+    values = [r.prompt_tokens + r.output_tokens / 2.0 for phases in workloads for p in phases for r in p.requests]
+    return sum(values) / len(values) if values else 1024.0
+
+
+def published_profiles(
+    drafter: DrafterSpec, classes: Sequence[str], max_k: int
+) -> tuple[dict[str, AcceptanceProfile], dict[str, str], list[str]]:
+    """Per class, a profile from the drafter's published acceptance: the catalog's per-position curve
+    (`autotune.catalogs.reference_survival`, the same curve the model backend predicts with).
+
+    A class maps to its reference benchmark (`REFERENCE_FOR_CLASS`: chat -> mt-bench, code -> humaneval, math ->
+    gsm8k) or to a benchmark of its own name; an unmapped class gets the drafter's lowest published acceptance, with
+    a warning. Returns (profiles, source per class, warnings).
+    """
+    refs = drafter.reference_acceptance
+    if not refs:
+        raise UsageError(
+            f"drafter {drafter.name} has no published acceptance; simulate from a measured profile (--profile) "
+            "instead."
+        )
+    profiles: dict[str, AcceptanceProfile] = {}
+    sources: dict[str, str] = {}
+    warnings: list[str] = []
+    for cls in classes:
+        dataset = cls if cls in refs else REFERENCE_FOR_CLASS.get(cls)
+        if dataset not in refs:
+            dataset = min(refs, key=lambda d: refs[d]["acceptance_length"] / (refs[d]["k"] + 1))
+            warnings.append(f"class {cls!r} has no published benchmark; assumed {dataset}, the lowest published.")
+        ref = refs[str(dataset)]
+        profiles[cls] = AcceptanceProfile.from_survival(reference_survival(ref, max_k), num_drafts=100_000)
+        sources[cls] = f"{dataset} AL {ref['acceptance_length']}@K={ref['k']}"
+        if "nearest" in ref:
+            sources[cls] = f"{ref['nearest']} AL {ref['acceptance_length']}@K={ref['k']} for {dataset}"
+            warnings.append(f"{drafter.name} has no published acceptance on {dataset}; {ref['nearest']} is used.")
+    return profiles, sources, warnings
+
+
+def _default_drafter(model: str) -> DrafterSpec:
+    candidates = drafters_for(model)
+    published = [d for d in candidates if d.reference_acceptance]
+    if not published:
+        raise UsageError(
+            f"no catalog drafter of {model} has published acceptance; pass --drafter and a measured --profile."
+        )
+    return next((d for d in published if d.parallel_drafting), published[0])
+
+
+def gpu_setup(
+    model: str,
+    gpu: str | None,
+    workloads: Mapping[str, Sequence[Phase]],
+    *,
+    drafter: str | None = None,
+    max_k: int | None = None,
+    calibration: Calibration | None = None,
+    acceptance: Mapping[str, AcceptanceProfile] | None = None,
+    acceptance_label: str | None = None,
+    autocorrelation: float = 0.0,
+    traces: Iterable[RequestTrace] = (),
+    policy: RequestPolicy | None = None,
+    seed: int = 0,
+    controller_batch_sizes: Sequence[int] | None = None,
+) -> Setup:
+    """A catalog model and drafter on a catalog GPU (see the module docstring). ``acceptance``: measured class
+    profiles replacing the published ones for those classes."""
+    from autotune.backends.model import ModelBackend
+
+    spec = resolve_model(model)
+    d = get_drafter(drafter, target=spec) if drafter else _default_drafter(spec.name)
+    k = max_k if max_k is not None else (d.trained_k or 8)
+    if not 1 <= k <= MAX_K:
+        raise UsageError(f"max_k (the drafter's K) must be in [1, {MAX_K}], but got {k}.")
+    backend = ModelBackend(spec, gpu, calibration=calibration)
+    config = SpecConfig(
+        method=d.method,  # type: ignore[arg-type]
+        drafter=d.name,
+        num_speculative_tokens=k,
+        parallel_drafting=d.parallel_drafting,
+        drafter_layers=d.num_layers,
+    )
+    cost = RooflineStepCost(backend, config)
+    classes = sorted({r.cls for phases in workloads.values() for p in phases for r in p.requests})
+    measured = dict(acceptance or {})
+    need = [c for c in classes if c not in measured]
+    profiles: dict[str, AcceptanceProfile] = {}
+    sources: dict[str, str] = {}
+    warnings: list[str] = []
+    if need:
+        profiles, sources, warnings = published_profiles(d, need, k)
+    for c in classes:
+        if c in measured:
+            profiles[c] = measured[c]
+            sources[c] = acceptance_label or "measured profile"
+    label = "published AL (" + ", ".join(f"{c}: {s}" for c, s in sorted(sources.items())) + ")"
+    if measured and not need:
+        label = acceptance_label or "measured profile"
+    model_acc = AcceptanceModel(profiles, k, autocorrelation=autocorrelation, traces=traces, seed=seed, source=label)
+    context = mean_context(workloads.values())
+    sizes = list(controller_batch_sizes or default_batch_sizes(64))
+    controller = {
+        False: controller_cost_model(cost, k, sizes, context, drafter_always_runs=True),
+        True: controller_cost_model(cost, k, sizes, context, drafter_always_runs=False),
+    }
+    return Setup(spec.name, d.name, backend.device, cost, model_acc, k, controller, context, policy, warnings)
+
+
+def profile_setup(
+    record: Any,
+    workloads: Mapping[str, Sequence[Phase]],
+    *,
+    autocorrelation: float = 0.0,
+    traces: Iterable[RequestTrace] = (),
+    policy: RequestPolicy | None = None,
+    step_overhead_ms: float = 0.0,
+    seed: int = 0,
+    device: str | None = None,
+) -> Setup:
+    """A stored profile (a `store.ProfileRecord`, its dict, or a `autotune.profiling.ProfileResult`): measured
+    acceptance per class and the fitted step-cost model (see the module docstring)."""
+    from autotune.profiling import predictor_from_profile
+
+    acceptance, cost_model = predictor_from_profile(record)
+
+    def get(key: str) -> Any:
+        return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
+
+    max_k = int(get("max_k") or max(p.max_k for p in acceptance.values()))
+    classes = sorted({r.cls for phases in workloads.values() for p in phases for r in p.requests})
+    missing = [c for c in classes if c not in acceptance]
+    if missing:
+        raise UsageError(
+            f"the profile has acceptance for classes {sorted(acceptance)}, but the workload also has {missing}; "
+            "profile those classes or choose the workload's classes with --classes."
+        )
+    pid = get("id") if get("id") is not None else get("profile_id")
+    label = f"measured profile #{pid}" if pid is not None else "measured profile"
+    cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label}", step_overhead_ms=step_overhead_ms)
+    model_acc = AcceptanceModel(
+        {c: acceptance[c] for c in classes}, max_k, autocorrelation=autocorrelation, traces=traces, seed=seed,
+        source=label,
+    )
+    provenance = get("provenance")
+    dev = device or get("device") or (provenance.get("device") if isinstance(provenance, Mapping) else None)
+    if dev is None and provenance is not None:
+        dev = getattr(provenance, "device", None)
+    fit = cost_model
+    return Setup(
+        str(get("model") or "?"), get("drafter"), str(dev or "unknown device"), cost, model_acc, max_k,
+        {False: fit, True: fit}, mean_context(workloads.values()), policy,
+    )

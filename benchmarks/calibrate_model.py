@@ -1,0 +1,355 @@
+"""Calibrate the model backend's roofline against published throughput, and report predicted vs published.
+
+Usage::
+
+    python benchmarks/calibrate_model.py                      # evaluate the committed constants (RooflineParams)
+    python benchmarks/calibrate_model.py --fit                # refit the free constants, print them
+    python benchmarks/calibrate_model.py --shape              # also the concurrency sweep per target
+    python benchmarks/calibrate_model.py --write-doc docs/benchmarks/model.md   # regenerate the report's tables
+
+The points live in ``benchmarks/data/model_calibration.yaml`` (sources and setups there); the test
+``tests/test_model_backend_calibration.py`` reads the same file. Each point predicts a published figure with
+`ModelBackend` (catalog model, GPU and drafters; the paper's own acceptance where the source measured the paper's
+heads). The fit (`--fit`) adjusts only `FREE` constants of `RooflineParams`, by least squares on the log error of
+every point (a published range counts as exact inside it), each group of points weighted equally, plus a Gaussian
+prior per constant pulling it toward the physically expected value: a few published ratios must not drag a
+constant to an implausible value (there is a held-out table these are checked against later). The fitted values
+are then written into `RooflineParams`' defaults by hand (they are code, reviewed like code); `--fit` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from autotune.backends._roofline import RooflineParams  # noqa: E402
+from autotune.backends.model import ModelBackend  # noqa: E402
+from autotune.catalogs import acceptance_survival, get_drafter  # noqa: E402
+from autotune.spec import MAX_K, Scenario, SpecConfig  # noqa: E402
+from autotune.workloads import Workload, WorkloadRequest  # noqa: E402
+from policies import AcceptanceProfile  # noqa: E402
+
+DATA = REPO / "benchmarks" / "data" / "model_calibration.yaml"
+
+#: The fitted constants: name -> (prior mean, prior sigma, lower bound, upper bound). The prior is what kernel and
+#: engine facts lead one to expect (see each field's docstring in RooflineParams).
+FREE: dict[str, tuple[float, float, float, float]] = {
+    "bandwidth_efficiency": (0.80, 0.08, 0.55, 0.95),
+    "compute_efficiency": (0.50, 0.15, 0.20, 0.80),
+    "moe_compute_efficiency": (0.35, 0.15, 0.10, 0.80),
+    "step_overhead_ms": (0.40, 0.30, 0.0, 2.0),
+    "draft_pass_overhead_ms": (0.30, 0.20, 0.0, 1.5),
+    "routing_locality": (0.30, 0.20, 0.0, 0.8),
+}
+#: Relative error one point is allowed before it costs as much as one prior sigma.
+POINT_SIGMA = 0.05
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted figure of a point (one workload x concurrency) against its published value."""
+
+    point: str
+    workload: str
+    concurrency: int
+    predicted: float
+    published: float | tuple[float, float]
+    detail: str = ""
+
+    @property
+    def error(self) -> float:
+        """Relative error: 0 inside a published range, else (predicted - nearest published end) / that end."""
+        if isinstance(self.published, tuple):
+            low, high = self.published
+            if low <= self.predicted <= high:
+                return 0.0
+            end = low if self.predicted < low else high
+            return (self.predicted - end) / end
+        return (self.predicted - self.published) / self.published
+
+    @property
+    def log_error(self) -> float:
+        if isinstance(self.published, tuple):
+            low, high = self.published
+            if low <= self.predicted <= high:
+                return 0.0
+            return math.log(self.predicted / (low if self.predicted < low else high))
+        return math.log(self.predicted / self.published)
+
+
+def load(path: Path = DATA) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+        raise SystemExit(f"{path}: expected a mapping with a `points` list.")
+    return data
+
+
+def workload(name: str, prompt_tokens: int, output_tokens: int) -> Workload:
+    """Four requests of one class named after the benchmark (the model backend looks the class up by that name),
+    with ~prompt_tokens of prompt (4 characters per token) and output_tokens each."""
+    request = WorkloadRequest(prompt="x" * (4 * prompt_tokens), max_tokens=output_tokens)
+    return Workload(name, {name: (request,) * 4})
+
+
+def _params(values: Mapping[str, float] | None) -> RooflineParams:
+    changes: dict[str, Any] = dict(values or {})
+    return dataclasses.replace(RooflineParams(), **changes)
+
+
+class Evaluator:
+    """Predicts every point of the data file for one set of roofline constants (backends cached per setup)."""
+
+    def __init__(self, data: Mapping[str, Any], params: RooflineParams) -> None:
+        self.data = data
+        self.params = params
+        setup = data.get("setup") or {}
+        self.prompt_tokens = int(setup.get("prompt_tokens", 150))
+        self.output_tokens = int(setup.get("output_tokens", 2048))
+
+    @functools.cache  # noqa: B019 - one evaluator per parameter set, discarded after use
+    def backend(self, model: str, gpu: str, drafter: str | None, override: str | None) -> ModelBackend:
+        acceptance: dict[str, AcceptanceProfile] = {}
+        if drafter is not None and override is not None:
+            parallel = get_drafter(drafter).parallel_drafting
+            for wl, points in yaml.safe_load(override).items():
+                survival = acceptance_survival({int(k): float(v) for k, v in points.items()}, parallel, MAX_K)
+                acceptance[wl] = AcceptanceProfile.from_survival(survival, num_drafts=100_000)
+        return ModelBackend(
+            model,
+            gpu,
+            params=self.params,
+            acceptance=acceptance or None,
+            acceptance_drafter=drafter if acceptance else None,
+            profile_label="P-EAGLE paper Table 9" if acceptance else None,
+        )
+
+    def _tokens_per_s(self, point: Mapping[str, Any], cfg: Mapping[str, Any], wl: str, c: int, k: int) -> float:
+        override = (point.get("acceptance") or {}).get(cfg["drafter"])
+        backend = self.backend(point["model"], point["gpu"], cfg["drafter"],
+                               yaml.safe_dump(override) if override else None)
+        config = SpecConfig(
+            method="eagle3",
+            drafter=cfg["drafter"],
+            num_speculative_tokens=k,
+            parallel_drafting=bool(cfg.get("parallel", False)),
+            drafter_layers=cfg.get("layers"),
+            max_num_seqs=c,
+        )
+        m = backend.measure(config, workload(wl, self.prompt_tokens, self.output_tokens), Scenario(concurrency=c))
+        if not m.ok or m.output_tokens_per_s is None:
+            raise RuntimeError(f"{point['id']}: {config.label()} failed: {m.failure_reason}")
+        return float(m.output_tokens_per_s)
+
+    def _baseline(self, point: Mapping[str, Any], wl: str, c: int) -> float:
+        backend = self.backend(point["model"], point["gpu"], None, None)
+        m = backend.measure(SpecConfig(max_num_seqs=c), workload(wl, self.prompt_tokens, self.output_tokens),
+                            Scenario(concurrency=c))
+        return float(m.output_tokens_per_s or 0.0)
+
+    def best(self, point: Mapping[str, Any], cfg: Mapping[str, Any], wl: str, c: int) -> tuple[float, int]:
+        """(tokens/s, K) at the best K of the config's k_choices (or its fixed k)."""
+        choices = cfg.get("k_choices") or [cfg["k"]]
+        return max((self._tokens_per_s(point, cfg, wl, c, int(k)), int(k)) for k in choices)
+
+    def predict(self, point: Mapping[str, Any]) -> list[Prediction]:
+        published = point["published"]
+        target: float | tuple[float, float] = (
+            (float(published[0]), float(published[1])) if isinstance(published, list) else float(published)
+        )
+        out = []
+        for wl in point["workloads"]:
+            for c in point["concurrencies"]:
+                cfg = point["config"]
+                metric = point["metric"]
+                if metric == "tpot_ratio":
+                    lo = self._tokens_per_s(point, cfg, wl, c, int(cfg["k_from"]))
+                    hi = self._tokens_per_s(point, cfg, wl, c, int(cfg["k_to"]))
+                    value, detail = lo / hi, f"K={cfg['k_from']} -> K={cfg['k_to']}"
+                else:
+                    tps, k = self.best(point, cfg, wl, c)
+                    if metric == "tokens_per_s":
+                        value, detail = tps, f"K={k}"
+                    elif metric == "speedup_vs_no_spec":
+                        value, detail = tps / self._baseline(point, wl, c), f"K={k}"
+                    elif metric == "ratio":
+                        other, k_other = self.best(point, point["versus"], wl, c)
+                        value, detail = tps / other, f"K={k} vs K={k_other}"
+                    else:
+                        raise SystemExit(f"{point['id']}: unknown metric {metric!r}.")
+                out.append(Prediction(point["id"], wl, int(c), value, target, detail))
+        return out
+
+    def predictions(self) -> list[Prediction]:
+        return [p for point in self.data["points"] for p in self.predict(point)]
+
+    def best_k(self) -> list[tuple[Mapping[str, Any], int]]:
+        """(check, predicted best K) for every `best_k` shape check."""
+        out = []
+        for check in self.data.get("best_k") or []:
+            _, k = self.best(check, check["config"], check["workload"], int(check["concurrency"]))
+            out.append((check, k))
+        return out
+
+
+def residuals(values: Sequence[float], data: Mapping[str, Any]) -> np.ndarray:
+    """Weighted log errors of every point (each group's weight shared by its predictions) and the priors."""
+    named = dict(zip(FREE, values, strict=True))
+    evaluator = Evaluator(data, _params(named))
+    rows: list[float] = []
+    for point in data["points"]:
+        if point.get("fit", True) is False:
+            continue
+        preds = evaluator.predict(point)
+        weight = float(point.get("weight", 1.0)) / len(preds)
+        rows.extend(math.sqrt(weight) * p.log_error / POINT_SIGMA for p in preds)
+    for name, value in named.items():
+        mean, sigma, _, _ = FREE[name]
+        rows.append((value - mean) / sigma)
+    return np.asarray(rows)
+
+
+def fit(data: Mapping[str, Any]) -> dict[str, float]:
+    from scipy.optimize import least_squares
+
+    start = [getattr(RooflineParams(), name) for name in FREE]
+    lower = [FREE[n][2] for n in FREE]
+    upper = [FREE[n][3] for n in FREE]
+    result = least_squares(residuals, start, bounds=(lower, upper), args=(data,), diff_step=1e-3, x_scale="jac")
+    return {name: round(float(v), 3) for name, v in zip(FREE, result.x, strict=True)}
+
+
+def _fmt(value: float | tuple[float, float], metric: str) -> str:
+    spec = ".0f" if metric == "tokens_per_s" else ".3f"
+    if isinstance(value, tuple):
+        return f"{value[0]:{spec}}-{value[1]:{spec}}"
+    return f"{value:{spec}}"
+
+
+def table(data: Mapping[str, Any], preds: Sequence[Prediction]) -> list[str]:
+    metric = {p["id"]: p["metric"] for p in data["points"]}
+    setup = {p["id"]: f"{p['model']} {p['gpu'].upper()}" for p in data["points"]}
+    lines = [
+        "| point | setup | metric | workload | c | predicted | published | error | best K |",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for p in preds:
+        lines.append(
+            f"| {p.point} | {setup[p.point]} | {metric[p.point]} | {p.workload} | {p.concurrency} | "
+            f"{_fmt(p.predicted, metric[p.point])} | {_fmt(p.published, metric[p.point])} | {p.error:+.1%} | "
+            f"{p.detail} |"
+        )
+    return lines
+
+
+def best_k_table(checks: Sequence[tuple[Mapping[str, Any], int]]) -> list[str]:
+    lines = ["| check | drafter | c | predicted best K | published |", "|---|---|---:|---:|---:|"]
+    for check, k in checks:
+        layers = f" ({check['config']['layers']}L)" if check["config"].get("layers") else ""
+        lines.append(f"| {check['id']} | {check['config']['drafter']}{layers} | {check['concurrency']} | {k} | "
+                     f"{check['published']} |")
+    return lines
+
+
+START, END = "<!-- calibration:start -->", "<!-- calibration:end -->"
+SHAPE_START, SHAPE_END = "<!-- shape:start -->", "<!-- shape:end -->"
+
+#: Target -> (P-EAGLE head, EAGLE-3 head) for the concurrency sweep of `shape_table`.
+SHAPE_HEADS = {
+    "gpt-oss-120b": ("amazon/gpt-oss-120b-p-eagle", "nvidia/gpt-oss-120b-Eagle3-short-context"),
+    "gpt-oss-20b": ("amazon/GPT-OSS-20B-P-EAGLE", "RedHatAI/gpt-oss-20b-speculator.eagle3"),
+    "qwen3-coder-30b": ("amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE",
+                        "lmsys/SGLang-EAGLE3-Qwen3-Coder-30B-A3B-Instruct-SpecForge"),
+}
+SHAPE_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def shape_table(data: Mapping[str, Any], params: RooflineParams, gpus: Sequence[str] = ("b200", "h200")) -> list[str]:
+    """Per target, GPU and concurrency (MT-Bench, the data file's setup): no-speculation tokens/s and the best
+    config (K in 1..8) of P-EAGLE 4-layer, P-EAGLE 2-layer (hypothetical) and EAGLE-3 as speedups over it."""
+    evaluator = Evaluator(data, params)
+    lines = [
+        "| target | GPU | c | no spec tok/s | P-EAGLE 4L | P-EAGLE 2L* | EAGLE-3 | P-EAGLE 4L / EAGLE-3 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model, (peagle, eagle3) in SHAPE_HEADS.items():
+        for gpu in gpus:
+            point = {"id": "shape", "model": model, "gpu": gpu}
+            for c in SHAPE_CONCURRENCIES:
+                base = evaluator._baseline(point, "mt-bench", c)
+                ks = list(range(1, 9))
+                four = evaluator.best(point, {"drafter": peagle, "parallel": True, "k_choices": ks}, "mt-bench", c)
+                two = evaluator.best(point, {"drafter": peagle, "parallel": True, "layers": 2, "k_choices": ks},
+                                     "mt-bench", c)
+                seq = evaluator.best(point, {"drafter": eagle3, "parallel": False, "k_choices": ks}, "mt-bench", c)
+                lines.append(
+                    f"| {model} | {gpu.upper()} | {c} | {base:.0f} | {four[0] / base:.2f}x (K={four[1]}) | "
+                    f"{two[0] / base:.2f}x (K={two[1]}) | {seq[0] / base:.2f}x (K={seq[1]}) | {four[0] / seq[0]:.2f} |"
+                )
+    return lines
+
+
+def _replace_section(text: str, start: str, end: str, body: Sequence[str], path: Path) -> str:
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} section to replace.")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return head + "\n".join([start, *body, end]) + tail
+
+
+def write_doc(path: Path, values: Mapping[str, float], lines: Sequence[str], within: int, total: int,
+              worst: float, shape: Sequence[str]) -> None:
+    """Replace the generated parts of the report (between the markers) with this run's tables."""
+    text = path.read_text(encoding="utf-8")
+    constants = ", ".join(f"`{k}` = {v:g}" for k, v in values.items())
+    body = [
+        f"Constants: {constants}.",
+        "",
+        *lines,
+        "",
+        f"{within} of {total} predictions within 10% of the published figure (worst {worst:+.1%}).",
+    ]
+    text = _replace_section(text, START, END, body, path)
+    text = _replace_section(text, SHAPE_START, SHAPE_END, shape, path)
+    path.write_text(text, encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fit", action="store_true", help="refit the free constants and evaluate with them")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--write-doc", type=Path, help="write the tables into this markdown report")
+    parser.add_argument("--shape", action="store_true", help="also print the concurrency sweep per target")
+    args = parser.parse_args(argv)
+    data = load(args.data)
+    values = fit(data) if args.fit else {name: getattr(RooflineParams(), name) for name in FREE}
+    print("constants:", ", ".join(f"{k}={v:g}" for k, v in values.items()))
+    evaluator = Evaluator(data, _params(values))
+    preds = evaluator.predictions()
+    lines = table(data, preds) + [""] + best_k_table(evaluator.best_k())
+    print("\n".join(lines))
+    worst = max(abs(p.error) for p in preds)
+    within = sum(abs(p.error) <= 0.10 for p in preds)
+    print(f"{within}/{len(preds)} predictions within 10% (worst {worst:.1%})")
+    shape = shape_table(data, _params(values)) if (args.shape or args.write_doc) else []
+    if args.shape:
+        print("\n".join(shape))
+    if args.write_doc:
+        write_doc(args.write_doc, values, lines, within, len(preds), worst, shape)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""The vLLM scheduler plugin's public contract: what a process that starts an engine writes, sets and reads back.
+
+- `config`: `PluginConfig` (the JSON file named by `CONFIG_ENV`), `DepthPlan`, `engine_kwargs` / `serve_args`
+  (``scheduler_cls`` = `SCHEDULER_CLS`, synchronous scheduling, or `ASYNC_SCHEDULER_CLS`; ``worker_extension_cls``
+  = `WORKER_EXTENSION_CLS`);
+- `drafter_width` (worker process) and `drafting` (engine core): the drafter drafts only the planned depth and skips
+  steps where every request is at depth 0, once every worker proved the patch in a handshake;
+- `stats`: `PluginStats`, what the plugin measured (the stats.json at ``PluginConfig.stats_path``);
+- `labels`: the per-request ``extra_args`` keys (`CLASS_KEY`, `PHASE_KEY`, `SPECULATE_KEY`, `MAX_K_KEY`, and the
+  middleware's authenticated `ROUTE_KEY`) and their bounded reading (`RequestLabeler`);
+- `metrics`: the ``peagle:*`` Prometheus series (`METRIC_NAMES`);
+- `factory`: the adaptive mode's controller (`build_controller`) and the ``fault_class`` test hooks;
+- `scheduler`: `PeagleScheduler`, the thin vLLM adapter. It imports vLLM, so this package does not import it; vLLM
+  loads it in the engine-core process by the class path `SCHEDULER_CLS` ("policies.scheduler.PeagleScheduler").
+
+Example: install the plugin in plan mode and read what it measured::
+
+    config = PluginConfig(mode="plan", plan=DepthPlan.sweep(4), stats_path="stats.json")
+    os.environ[CONFIG_ENV] = str(config.save("plugin.json"))
+    llm = vllm.LLM(model, speculative_config=..., **engine_kwargs())
+    ...
+    stats = PluginStats.load("stats.json")
+"""
+
+from __future__ import annotations
+
+from policies.errors import ControllerFault, PluginConfigError, PluginFault
+from policies.plugin.config import (
+    ASYNC_SCHEDULER_CLS,
+    CONFIG_ENV,
+    FAULT_WHERE,
+    MODES,
+    SCHEDULER_CLS,
+    WORKER_EXTENSION_CLS,
+    DepthPlan,
+    PluginConfig,
+    engine_kwargs,
+    serve_args,
+)
+from policies.plugin.factory import build_controller
+from policies.plugin.labels import (
+    CLASS_KEY,
+    DEFAULT_CLASS,
+    DEFAULT_PHASE,
+    LABEL_KEY_ENV,
+    MAX_K_KEY,
+    OTHER_LABEL,
+    PHASE_KEY,
+    ROUTE_KEY,
+    SPECULATE_KEY,
+    RequestLabeler,
+    normalize_extra_args,
+    opted_out,
+    request_label,
+    route_stamp,
+)
+from policies.plugin.metrics import METRIC_NAMES, PluginMetrics
+from policies.plugin.stats import PluginStats
+
+__all__ = [
+    "ASYNC_SCHEDULER_CLS",
+    "CLASS_KEY",
+    "CONFIG_ENV",
+    "DEFAULT_CLASS",
+    "DEFAULT_PHASE",
+    "FAULT_WHERE",
+    "LABEL_KEY_ENV",
+    "MAX_K_KEY",
+    "METRIC_NAMES",
+    "MODES",
+    "OTHER_LABEL",
+    "PHASE_KEY",
+    "ROUTE_KEY",
+    "SCHEDULER_CLS",
+    "SPECULATE_KEY",
+    "WORKER_EXTENSION_CLS",
+    "ControllerFault",
+    "DepthPlan",
+    "PluginConfig",
+    "PluginConfigError",
+    "PluginFault",
+    "PluginMetrics",
+    "PluginStats",
+    "RequestLabeler",
+    "build_controller",
+    "engine_kwargs",
+    "normalize_extra_args",
+    "opted_out",
+    "request_label",
+    "route_stamp",
+    "serve_args",
+]

@@ -1,0 +1,176 @@
+"""Engine-core side of drafter-width control: the handshake, the drafting width of a step, off-steps, and
+per-request depth under vLLM's async scheduler.
+
+The scheduler plugin (`policies.plugin.scheduler`) plans each request's depth for the next step right after
+``schedule()``; this module turns those depths into what vLLM's workers act on:
+
+- ``SchedulerOutput.num_spec_tokens_to_schedule`` = the widest planned depth (`plan_width`), once the workers proved
+  in the handshake (`handshake`) that they draft that width (`policies.plugin.drafter_width`); without a handshake a
+  parallel drafter keeps K and the plugin only trims verification;
+- ``SchedulerOutput.peagle_skip_drafter`` on an off-step: width 0 and no prompt token in the step (`is_off_step`);
+- under async scheduling, each request's placeholder draft slots (`assign_placeholders`): vLLM gives every request
+  ``num_spec_tokens_to_schedule`` placeholders in ``AsyncScheduler._update_after_schedule`` and the runner copies the
+  first ``len(placeholders)`` drafts of the request's row, so fewer placeholders verify fewer drafts.
+
+Nothing here imports vLLM; the functions take vLLM's objects duck-typed, so they are unit-tested with fakes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from policies.plugin.drafter_width import (
+    HANDSHAKE_METHOD,
+    SKIP_ATTR,
+    DrafterWidthSettings,
+    WorkerStatus,
+)
+
+__all__ = [
+    "HandshakeResult",
+    "assign_placeholders",
+    "find_engine_executor",
+    "handshake",
+    "is_off_step",
+    "plan_width",
+    "step_has_prompt_tokens",
+]
+
+
+@dataclass(frozen=True)
+class HandshakeResult:
+    """What every worker proved in the handshake; lowering and skipping need all of them."""
+
+    lower_width: bool
+    """Every worker drafts only ``num_spec_tokens_to_schedule`` slots (0 < k < K is safe to send)."""
+    skip_drafter: bool
+    """Every worker skips the drafter on a step marked ``peagle_skip_drafter``."""
+    off_steps: str
+    """The off-step mode every worker agreed on (``catch_up``, ``holes`` or ``sync_pass``)."""
+    reason: str | None = None
+    """Why lowering (or skipping) is off, in a sentence; None when everything is on."""
+    workers: tuple[WorkerStatus, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def refused(cls, reason: str) -> HandshakeResult:
+        return cls(False, False, "sync_pass", reason)
+
+    def info(self) -> dict[str, Any]:
+        """For the plugin's stats file."""
+        return {"lower_width": self.lower_width, "skip_drafter": self.skip_drafter, "off_steps": self.off_steps,
+                "reason": self.reason, "workers": len(self.workers)}
+
+
+def find_engine_executor(max_depth: int = 12) -> Any | None:
+    """vLLM's model executor of the engine core that is constructing (or stepping) the calling scheduler.
+
+    vLLM 0.32 builds the scheduler inside ``EngineCore.__init__`` after ``self.model_executor``; the scheduler gets
+    no reference to it, so this walks up the caller frames to the first ``self`` with a ``model_executor`` that has
+    ``collective_rpc``. Returns None when there is none (e.g. a scheduler built in a unit test): no handshake, the
+    plugin only trims.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        executor = getattr(owner, "model_executor", None) if owner is not None else None
+        if executor is not None and callable(getattr(executor, "collective_rpc", None)):
+            return executor
+        frame = frame.f_back
+    return None
+
+
+def handshake(executor: Any, settings: DrafterWidthSettings | None = None, timeout_s: float = 60.0) -> HandshakeResult:
+    """Install the worker patch in every worker through ``collective_rpc`` and combine their answers.
+
+    Never raises: an engine started without ``worker_extension_cls`` (the RPC method does not exist), a worker that
+    could not install, or answers that disagree all give ``lower_width=False`` with the reason.
+    """
+    if executor is None:
+        return HandshakeResult.refused("no model executor reachable from the scheduler")
+    settings = settings or DrafterWidthSettings()
+    try:
+        answers = executor.collective_rpc(HANDSHAKE_METHOD, timeout=timeout_s, args=(settings.to_dict(),))
+    except Exception as exc:  # NotImplementedError without the extension; anything else is the same answer
+        return HandshakeResult.refused(
+            f"handshake {HANDSHAKE_METHOD!r} failed ({type(exc).__name__}: {exc}); start the engine with "
+            "worker_extension_cls=policies.plugin.drafter_width.DrafterWidthExtension"
+        )
+    return combine([WorkerStatus.from_dict(a) if isinstance(a, Mapping) else WorkerStatus(False, repr(a))
+                    for a in (answers or [])])
+
+
+def combine(workers: list[WorkerStatus]) -> HandshakeResult:
+    """All workers must have installed the same thing; otherwise nothing is lowered."""
+    if not workers:
+        return HandshakeResult.refused("no worker answered the handshake")
+    bad = [w for w in workers if not w.installed or not w.lower_width]
+    if bad:
+        return HandshakeResult(False, False, "sync_pass",
+                               f"worker {bad[0].rank}: {bad[0].reason or 'not installed'}", tuple(workers))
+    modes = {w.off_steps for w in workers}
+    off = modes.pop() if len(modes) == 1 else "sync_pass"
+    reasons = sorted({w.reason for w in workers if w.reason})
+    skip = all(w.skips_drafter for w in workers) and off != "sync_pass"
+    return HandshakeResult(True, skip, off, "; ".join(reasons) or None, tuple(workers))
+
+
+def plan_width(depths: Iterable[int], k_max: int) -> int:
+    """Drafting width of a step: the deepest planned depth, clamped to [0, K]; 0 with no request.
+
+    Example: ``plan_width([0, 2, 1], 4) == 2``; ``plan_width([], 4) == 0``.
+    """
+    return min(max((int(d) for d in depths), default=0), k_max) if k_max > 0 else 0
+
+
+def step_has_prompt_tokens(output: Any) -> bool:
+    """True when some request of the step computes prompt tokens (a new request, a prefill chunk, a resumed
+    request): the drafter must run then, to write its KV for the prompt and draft the request's first tokens."""
+    if output.scheduled_new_reqs:
+        return True
+    spec = output.scheduled_spec_decode_tokens
+    return any(n != 1 + len(spec.get(r, ())) for r, n in output.num_scheduled_tokens.items())
+
+
+def is_off_step(output: Any, width: int, result: HandshakeResult) -> bool:
+    """Whether to mark the step ``peagle_skip_drafter``: width 0, the workers skip, and no prompt token."""
+    return width == 0 and result.skip_drafter and bool(output.num_scheduled_tokens) \
+        and not step_has_prompt_tokens(output)
+
+
+def mark_off_step(output: Any, off: bool) -> None:
+    """Set (or clear) the off-step flag the workers read (an attribute pickled with the output)."""
+    setattr(output, SKIP_ATTR, bool(off))
+
+
+def assign_placeholders(requests: Mapping[str, Any], output: Any, depths: Mapping[str, int]) -> int:
+    """Async scheduling: give each decoding request of `output` as many placeholder drafts as its planned depth.
+
+    Call after ``AsyncScheduler._update_after_schedule`` (which gave every request
+    ``output.num_spec_tokens_to_schedule`` placeholders); requests without a planned depth keep theirs, prefill
+    chunks keep none. Returns the number of requests changed. The depth is clamped to the drafting width, since
+    the runner can only copy drafts that were drafted.
+    """
+    width = int(output.num_spec_tokens_to_schedule)
+    cache: dict[int, list[int]] = {}
+    changed = 0
+    for req_id in output.num_scheduled_tokens:
+        request = requests.get(req_id)
+        if request is None or request.is_prefill_chunk:
+            continue
+        depth = depths.get(req_id)
+        if depth is None:
+            continue
+        depth = min(max(int(depth), 0), width)
+        if len(request.spec_token_ids) != depth:
+            placeholders = cache.get(depth)
+            if placeholders is None:
+                placeholders = cache[depth] = [-1] * depth  # shared read-only, as vLLM's own placeholders
+            request.spec_token_ids = placeholders
+            changed += 1
+    return changed

@@ -1,0 +1,424 @@
+"""`PluginStats`: what the scheduler plugin measured in the engine, aggregated, and its JSON file (stats.json).
+
+The engine-core process fills it step by step (`PluginStats.observe_step`) and writes it atomically to the config's
+``stats_path``; the parent reads it back with `PluginStats.load` and turns it into acceptance profiles
+(`PluginStats.acceptance`) and step-cost samples (`PluginStats.step_samples`). Pure Python: no vLLM import.
+
+Worked example: one decode step of three requests at verified depth 2, where the two "code" requests accepted 2 and
+1 drafts and the "chat" one none; 9 tokens verified (3 * (2 + 1)) in 10 ms::
+
+    >>> s = PluginStats()
+    >>> s.observe_step(step_ms=10.0, prompt_tokens=0, drafting_depth=2,
+    ...                requests=[("code", "p", 2, 2), ("code", "p", 2, 1), ("chat", "p", 2, 0)])
+    >>> s.acceptance("code", 2)
+    AcceptanceProfile(num_drafts=2, accepted_per_position=(2, 1))
+    >>> [(x.batch_size, x.depth, x.tokens, x.step_ms) for x in s.step_samples()]
+    [(3, 2, 9, 10.0)]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from policies import AcceptanceProfile, StepSample, StepTally
+from policies.errors import PluginConfigError
+from policies.plugin.config import CONFIG_ENV, SCHEDULER_CLS
+from policies.plugin.labels import MAX_CLASSES, MAX_PHASES, LabelBook
+
+__all__ = ["STATS_VERSION", "PluginStats"]
+
+STATS_VERSION = 1
+"""The stats file format this peagle-tune reads and writes."""
+_TRACE_IDLE_STEPS = 64
+"""A request absent from this many consecutive steps has finished (or was preempted): its trace is closed."""
+
+
+@dataclass
+class _CostKey:
+    samples: list[float]
+    n: int = 0
+    sum_ms: float = 0.0
+
+
+class PluginStats:
+    """What the plugin measured, aggregated (the engine process fills it; the parent reads it from JSON).
+
+    Per (phase, class, verified depth d): ``num_drafts`` (requests that verified d > 0 drafts in a step) and
+    ``accepted_per_position[i]`` (those whose first i+1 drafts were accepted), i < d.
+
+    Per (phase, batch size B, uniform verified depth d or None, verified tokens V, drafting depth D) over decode-only
+    steps (no prompt token in the step): the number of steps, their summed and a sample of individual step times in
+    ms. A step's time runs from the entry of ``schedule()`` to the return of vLLM's ``update_from_output()`` for the
+    same step (see `policies.scheduler`).
+
+    ``totals``: drafts, draft tokens, accepted tokens and accepted per position over every step, to cross-check
+    against vLLM's own ``vllm:spec_decode_*`` counters.
+
+    Labels are bounded: at most ``max_classes`` classes and ``max_phases`` phases are kept apart (the first ones
+    seen); later new labels are recorded as "other" (`policies.plugin.labels.LabelBook`) and counted in
+    ``info["folded_labels"]``, so the file stays small whatever labels requests carry.
+
+    ``traces`` (when `observe_step` gets request ids): per request, its (verified, accepted) drafts step by step, for
+    the simulator (`autotune.simulate`). Bounded: at most ``max_trace_steps`` steps per request and ``max_traces``
+    finished requests (a uniform reservoir sample); a request unseen for ``_TRACE_IDLE_STEPS`` steps is finished.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_samples_per_key: int = 512,
+        seed: int = 0,
+        max_traces: int = 64,
+        max_trace_steps: int = 256,
+        max_classes: int = MAX_CLASSES,
+        max_phases: int = MAX_PHASES,
+    ) -> None:
+        self.max_samples_per_key = max_samples_per_key
+        # Bounded labels: at most max_classes classes and max_phases phases are kept apart; later new labels are
+        # recorded under "other", so the file's size does not grow with the number of distinct labels clients send.
+        self._class_labels = LabelBook(max_classes)
+        self._phase_labels = LabelBook(max_phases)
+        self.max_traces = max_traces
+        self.max_trace_steps = max_trace_steps
+        self._open_traces: dict[str, tuple[str, str, list[list[int]], list[int]]] = {}  # id -> cls, phase, steps, seen
+        self._traces: list[dict[str, Any]] = []
+        self._traces_closed = 0
+        self.info: dict[str, Any] = {}
+        """Engine facts the plugin saw (K, method, parallel drafting, drafting-depth lowering, mode)."""
+        self.steps = 0
+        """Engine steps seen (every update_from_output with scheduled tokens)."""
+        self.decode_steps = 0
+        self.mixed_steps = 0
+        """Steps that also computed prompt tokens (excluded from the step-cost samples)."""
+        self.fallback = False
+        self.errors: list[str] = []
+        self.overhead_ms = 0.0
+        """Wall time spent in the plugin's own logic (decisions, trimming, bookkeeping), ms."""
+        self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
+        self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
+        self._totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self._total_per_pos: list[int] = []
+        self._depth_hist: dict[int, int] = {}
+        self._rng = random.Random(seed)
+
+    # -- recording --
+    def observe_step(
+        self,
+        *,
+        step_ms: float | None,
+        prompt_tokens: int,
+        requests: Sequence[tuple[str, str, int, int]],
+        drafting_depth: int,
+        request_ids: Sequence[str] | None = None,
+    ) -> None:
+        """One engine step: ``requests`` = (class, phase, verified drafts, accepted drafts) per scheduled request.
+
+        ``prompt_tokens``: prompt (prefill) tokens computed in the step; a step with any is "mixed" and gives no
+        step-cost sample. ``drafting_depth``: drafts the drafter proposed per request in the step. ``request_ids``
+        (same order as ``requests``): also record per-request traces (see the class docstring).
+        """
+        tally = StepTally()
+        for cls, phase, drafted, accepted in requests:
+            tally.add(cls, phase, drafted, accepted)
+        tally.prompt_tokens = prompt_tokens
+        traces = None
+        if request_ids is not None:
+            traces = [(rid, c, p, d, a) for rid, (c, p, d, a) in zip(request_ids, requests, strict=True)]
+        self.observe_tally(tally, step_ms=step_ms, drafting_depth=drafting_depth, traces=traces)
+
+    def observe_tally(
+        self,
+        tally: StepTally,
+        *,
+        step_ms: float | None,
+        drafting_depth: int,
+        traces: Sequence[tuple[str, str, str, int, int]] | None = None,
+    ) -> None:
+        """`observe_step` for a step already counted per (class, phase) (what the plugin passes; the work grows
+        with the distinct outcomes, not with the batch). ``traces``: (request id, class, phase, drafted, accepted)
+        per request, for the per-request traces."""
+        self.steps += 1
+        classes, phases_book = self._class_labels, self._phase_labels
+        if traces is not None and self.max_traces > 0:
+            self._observe_traces_rows(traces)
+        depths = set()
+        phases = set()
+        totals, per_pos, hist = self._totals, self._total_per_pos, self._depth_hist
+        for (raw_cls, raw_phase), outcomes in tally.outcomes.items():
+            cls, phase = classes.admit(raw_cls), phases_book.admit(raw_phase)
+            phases.add(phase)
+            for (drafted, accepted), m in outcomes.items():
+                if not 0 <= accepted <= drafted:
+                    raise ValueError(f"accepted drafts must be in [0, drafted={drafted}], but got {accepted}.")
+                depths.add(drafted)
+                hist[drafted] = hist.get(drafted, 0) + m
+                if drafted == 0:
+                    continue
+                key = (phase, cls, drafted)
+                row = self._acceptance.get(key)
+                if row is None:
+                    row = self._acceptance[key] = [0] * (drafted + 1)
+                row[0] += m
+                for i in range(accepted):
+                    row[i + 1] += m
+                totals["num_drafts"] += m
+                totals["num_draft_tokens"] += drafted * m
+                totals["num_accepted_tokens"] += accepted * m
+                if len(per_pos) < drafted:
+                    per_pos += [0] * (drafted - len(per_pos))
+                for i in range(accepted):
+                    per_pos[i] += m
+        if tally.prompt_tokens > 0 or not tally.size:
+            self.mixed_steps += 1
+            return
+        self.decode_steps += 1
+        if step_ms is None or not math.isfinite(step_ms) or step_ms <= 0:
+            return
+        phase = phases.pop() if len(phases) == 1 else "mixed"
+        uniform = next(iter(depths)) if len(depths) == 1 else None
+        ckey = (phase, tally.size, uniform, tally.verified, drafting_depth)
+        entry = self._costs.get(ckey)
+        if entry is None:
+            entry = self._costs[ckey] = _CostKey([])
+        entry.n += 1
+        entry.sum_ms += step_ms
+        if len(entry.samples) < self.max_samples_per_key:
+            entry.samples.append(step_ms)
+        else:  # reservoir sampling keeps a uniform sample of all steps
+            j = self._rng.randrange(entry.n)
+            if j < self.max_samples_per_key:
+                entry.samples[j] = step_ms
+
+    def _observe_traces_rows(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
+        """`_observe_traces` for (request id, class, phase, drafted, accepted) rows, labels admitted once each."""
+        admitted: dict[tuple[str, str], tuple[str, str]] = {}
+        ids = []
+        requests = []
+        for rid, c, p, d, a in rows:
+            label = admitted.get((c, p))
+            if label is None:
+                label = admitted[(c, p)] = (self._class_labels.admit(c), self._phase_labels.admit(p))
+            ids.append(rid)
+            requests.append((label[0], label[1], d, a))
+        self._observe_traces(ids, requests)
+
+    def _observe_traces(self, request_ids: Sequence[str], requests: Sequence[tuple[str, str, int, int]]) -> None:
+        step = self.steps
+        open_traces = self._open_traces
+        for rid, (cls, phase, drafted, accepted) in zip(request_ids, requests, strict=True):
+            entry = open_traces.get(rid)
+            if entry is None:
+                entry = open_traces[rid] = (cls, phase, [], [step])
+            if len(entry[2]) < self.max_trace_steps:
+                entry[2].append([drafted, accepted])
+            entry[3][0] = step
+        if step % _TRACE_IDLE_STEPS == 0:
+            for rid in [r for r, e in open_traces.items() if step - e[3][0] >= _TRACE_IDLE_STEPS]:
+                self._close_trace(rid)
+
+    def _close_trace(self, rid: str) -> None:
+        cls, phase, steps, _ = self._open_traces.pop(rid)
+        if not any(d for d, _ in steps):  # never verified a draft: nothing to replay
+            return
+        trace = {"class": cls, "phase": phase, "steps": steps}
+        self._traces_closed += 1
+        if len(self._traces) < self.max_traces:
+            self._traces.append(trace)
+        else:  # reservoir sampling keeps a uniform sample of all finished requests
+            j = self._rng.randrange(self._traces_closed)
+            if j < self.max_traces:
+                self._traces[j] = trace
+
+    def traces(self) -> list[dict[str, Any]]:
+        """Recorded per-request traces: ``{"class", "phase", "steps": [[verified, accepted], ...]}`` (measured);
+        finished requests first, then those still running."""
+        running = [
+            {"class": c, "phase": p, "steps": st} for c, p, st, _ in self._open_traces.values() if any(d for d, _ in st)
+        ]
+        return [*self._traces, *running]
+
+    def record_error(self, message: str) -> None:
+        self.fallback = True
+        if len(self.errors) < 20:
+            self.errors.append(message)
+
+    # -- reading --
+    def phases(self) -> list[str]:
+        return sorted({k[0] for k in self._acceptance} | {k[0] for k in self._costs})
+
+    def classes(self, phases: Iterable[str] | None = None) -> list[str]:
+        wanted = None if phases is None else set(phases)
+        return sorted({c for p, c, _ in self._acceptance if wanted is None or p in wanted})
+
+    def acceptance(self, cls: str, depth: int, phases: Iterable[str] | None = None) -> AcceptanceProfile | None:
+        """Measured counts of ``cls`` over the steps it verified exactly ``depth`` drafts (None: no such step)."""
+        wanted = None if phases is None else set(phases)
+        total = [0] * (depth + 1)
+        for (p, c, d), row in self._acceptance.items():
+            if c == cls and d == depth and (wanted is None or p in wanted):
+                total = [a + b for a, b in zip(total, row, strict=True)]
+        if total[0] == 0:
+            return None
+        return AcceptanceProfile(total[0], tuple(total[1:]))
+
+    def acceptance_by_depth(self, cls: str, phases: Iterable[str] | None = None) -> dict[int, AcceptanceProfile]:
+        depths = sorted({d for _, c, d in self._acceptance if c == cls})
+        out = {}
+        for d in depths:
+            prof = self.acceptance(cls, d, phases)
+            if prof is not None:
+                out[d] = prof
+        return out
+
+    def step_costs(self, phases: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Decode-step cost entries: phase, batch_size, depth (uniform verified depth or None), verified_tokens,
+        drafting_depth, n (steps), mean_ms, samples_ms (measured)."""
+        wanted = None if phases is None else set(phases)
+        out = []
+        ordered = sorted(self._costs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][4]))
+        for (phase, b, d, v, dd), e in ordered:
+            if wanted is None or phase in wanted:
+                out.append(
+                    {"phase": phase, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd,
+                     "n": e.n, "mean_ms": e.sum_ms / e.n, "samples_ms": list(e.samples)}
+                )
+        return out
+
+    def step_samples(
+        self, phases: Iterable[str] | None = None, *, sequential: bool = False, uniform_only: bool = True
+    ) -> list[StepSample]:
+        """Measured step times as `StepSample`s, one per (batch size, depth[, drafting depth]) with the median.
+
+        Phases are pooled. ``sequential``: the drafting depth (drafter passes) is the sample's depth and only steps
+        whose drafting depth equals the verified depth are kept, so each sample has one K; otherwise (parallel
+        drafting, one drafter pass at the configured K) the verified depth is. The drafter ran in every step
+        (depth applied by trimming, or a drafting width > 0), so ``drafter_ran=True``, except when the engine had no
+        speculative decoding (``info["num_speculative_tokens"] == 0``: a no-speculation baseline) and, when the
+        workers skipped off-steps (``info["drafter_width"]["skip_drafter"]``), for steps of drafting depth 0.
+        """
+        speculative = self.info.get("num_speculative_tokens", 1) != 0
+        skips = bool((self.info.get("drafter_width") or {}).get("skip_drafter"))
+        pooled: dict[tuple[int, int, int, bool], tuple[list[float], int]] = {}
+        for e in self.step_costs(phases):
+            d = e["depth"]
+            if d is None:
+                if uniform_only:
+                    continue
+                d = e["drafting_depth"] if sequential else max(0, e["verified_tokens"] // e["batch_size"] - 1)
+            if sequential and e["drafting_depth"] != d:
+                continue
+            ran = speculative and (e["drafting_depth"] > 0 or not skips)
+            key = (e["batch_size"], d, e["verified_tokens"], ran)
+            samples, n = pooled.get(key, ([], 0))
+            pooled[key] = (samples + e["samples_ms"], n + e["n"])
+        out = []
+        for (b, d, v, ran), (samples, n) in sorted(pooled.items()):
+            samples.sort()
+            mid = len(samples) // 2
+            median = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
+            out.append(StepSample(b, d, float(median), n=n, verified_tokens=v, drafter_ran=ran))
+        return out
+
+    def totals(self) -> dict[str, Any]:
+        """Drafts, draft tokens, accepted tokens and accepted per position over every step (all phases)."""
+        return {**self._totals, "accepted_per_position": list(self._total_per_pos)}
+
+    def depth_histogram(self) -> dict[int, int]:
+        """Verified depth -> request-steps at that depth (all steps)."""
+        return dict(sorted(self._depth_hist.items()))
+
+    # -- (de)serialising --
+    def to_dict(self) -> dict[str, Any]:
+        info = dict(self.info)
+        if self._class_labels.folded or self._phase_labels.folded:
+            info["folded_labels"] = {"classes": self._class_labels.folded, "phases": self._phase_labels.folded}
+        return {
+            "version": STATS_VERSION,
+            "info": info,
+            "steps": self.steps,
+            "decode_steps": self.decode_steps,
+            "mixed_steps": self.mixed_steps,
+            "fallback": self.fallback,
+            "errors": list(self.errors),
+            "overhead_ms": self.overhead_ms,
+            "totals": self.totals(),
+            "depth_histogram": {str(k): v for k, v in self.depth_histogram().items()},
+            "acceptance": [
+                {"phase": p, "class": c, "depth": d, "num_drafts": row[0], "accepted_per_position": row[1:]}
+                for (p, c, d), row in sorted(self._acceptance.items())
+            ],
+            "step_costs": [
+                {"phase": p, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd, "n": e.n,
+                 "sum_ms": e.sum_ms, "samples_ms": e.samples}
+                for (p, b, d, v, dd), e in self._costs.items()
+            ],
+            "traces": self.traces(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plugin stats") -> PluginStats:
+        if not isinstance(data, Mapping) or data.get("version") != STATS_VERSION:
+            raise PluginConfigError(
+                f"{source}: not a version-{STATS_VERSION} plugin stats object (got "
+                f"{type(data).__name__ if not isinstance(data, Mapping) else 'version ' + repr(data.get('version'))})."
+            )
+        try:
+            stats = cls()
+            stats.info = dict(data.get("info") or {})
+            stats.steps = int(data["steps"])
+            stats.decode_steps = int(data["decode_steps"])
+            stats.mixed_steps = int(data["mixed_steps"])
+            stats.fallback = bool(data["fallback"])
+            stats.errors = [str(e) for e in data.get("errors") or []]
+            stats.overhead_ms = float(data.get("overhead_ms", 0.0))
+            totals = data["totals"]
+            stats._totals = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+            stats._total_per_pos = [int(x) for x in totals["accepted_per_position"]]
+            stats._depth_hist = {int(k): int(v) for k, v in (data.get("depth_histogram") or {}).items()}
+            for a in data["acceptance"]:
+                per_pos = [int(x) for x in a["accepted_per_position"]]
+                if len(per_pos) != int(a["depth"]):
+                    raise ValueError(f"acceptance entry has depth {a['depth']} but {len(per_pos)} positions")
+                akey = (str(a["phase"]), str(a["class"]), int(a["depth"]))
+                stats._acceptance[akey] = [int(a["num_drafts"]), *per_pos]
+            for c in data["step_costs"]:
+                depth = None if c["depth"] is None else int(c["depth"])
+                key = (
+                    str(c["phase"]), int(c["batch_size"]), depth, int(c["verified_tokens"]), int(c["drafting_depth"])
+                )
+                stats._costs[key] = _CostKey([float(x) for x in c["samples_ms"]], int(c["n"]), float(c["sum_ms"]))
+            stats._traces = [
+                {"class": str(t["class"]), "phase": str(t["phase"]), "steps": [[int(d), int(a)] for d, a in t["steps"]]}
+                for t in data.get("traces") or []
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PluginConfigError(f"{source}: malformed plugin stats ({type(exc).__name__}: {exc}).") from None
+        return stats
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (a reader never sees half a file)."""
+        p = Path(path)
+        tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        tmp.replace(p)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PluginStats:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise PluginConfigError(
+                f"{p}: no plugin stats ({exc.strerror or exc}); was the engine started with "
+                f"scheduler_cls={SCHEDULER_CLS!r} and {CONFIG_ENV} naming a config with stats_path?"
+            ) from exc
+        except json.JSONDecodeError as exc:
+            raise PluginConfigError(f"{p}: not valid JSON: {exc}.") from exc
+        return cls.from_dict(data, source=str(p))

@@ -1,0 +1,108 @@
+"""The recommendations table: the configuration a search recommends, with what it was tuned for."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Select, select
+
+from store import _validate as v
+from store._models import Recommendation, utcnow
+from store._records import RecommendationRecord
+from store._rows import Repository, get_row, limited, record_of, where_given
+
+
+class Recommendations(Repository):
+    def add_recommendation(
+        self,
+        model: str,
+        *,
+        gpu: str,
+        objective: str,
+        best_config: Mapping[str, Any],
+        scenario: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        pareto: Sequence[Any] | None = None,
+        schedule: Sequence[Any] | None = None,
+        class_policy: Mapping[str, Any] | None = None,
+        vllm_version: str | None = None,
+        workload_name: str | None = None,
+        workload_hash: str | None = None,
+        study: str | None = None,
+        created_at: dt.datetime | None = None,
+    ) -> int:
+        """Store a recommendation for `model` on `gpu` ("cpu" or GPU name); returns its id."""
+        row = Recommendation(
+            model=v.text("model", model),
+            gpu=v.text("gpu", gpu),
+            vllm_version=v.optional_text("vllm_version", vllm_version),
+            workload_name=v.optional_text("workload_name", workload_name),
+            workload_hash=v.optional_text("workload_hash", workload_hash),
+            objective=v.text("objective", objective),
+            scenario=v.json_dict("scenario", scenario),
+            best_config=v.json_dict("best_config", best_config),
+            metrics=v.json_dict("metrics", metrics),
+            provenance=v.json_dict("provenance", provenance),
+            pareto=v.json_list("pareto", pareto),
+            schedule=v.json_list("schedule", schedule),
+            class_policy=v.json_dict("class_policy", class_policy),
+            study=v.optional_text("study", study),
+            created_at=v.timestamp("created_at", created_at, default=utcnow()),
+        )
+        with self._session() as session:
+            session.add(row)
+            session.flush()
+            return row.id
+
+    def get_recommendation(self, recommendation_id: int) -> RecommendationRecord:
+        with self._session() as session:
+            missing = f"No recommendation with id {recommendation_id}. List them with `peagle-tune show`."
+            return recommendation_record(get_row(session, Recommendation, recommendation_id, missing))
+
+    def list_recommendations(self, model: str | None = None, *, limit: int | None = None) -> list[RecommendationRecord]:
+        """Recommendations (for `model` if given), newest first."""
+        query = limited(_newest_first(model=model), limit)
+        with self._session() as session:
+            return [recommendation_record(row) for row in session.scalars(query)]
+
+    def latest_recommendation(
+        self,
+        model: str | None = None,
+        *,
+        gpu: str | None = None,
+        workload_hash: str | None = None,
+        objective: str | None = None,
+    ) -> RecommendationRecord | None:
+        """The newest recommendation matching every filter given, or None if there is none."""
+        query = _newest_first(model=model, gpu=gpu, workload_hash=workload_hash, objective=objective)
+        with self._session() as session:
+            row = session.scalars(query.limit(1)).first()
+            return None if row is None else recommendation_record(row)
+
+
+def _newest_first(
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    workload_hash: str | None = None,
+    objective: str | None = None,
+) -> Select[Recommendation]:
+    """Recommendations matching every filter given, newest first (the later insert first on equal timestamps)."""
+    return where_given(
+        select(Recommendation).order_by(Recommendation.created_at.desc(), Recommendation.id.desc()),
+        (model, Recommendation.model == model),
+        (gpu, Recommendation.gpu == gpu),
+        (workload_hash, Recommendation.workload_hash == workload_hash),
+        (objective, Recommendation.objective == objective),
+    )
+
+
+def recommendation_record(row: Recommendation) -> RecommendationRecord:
+    """The record of a recommendation row; its torch_version comes from the provenance dict (None if it has none)."""
+    torch_version = row.provenance.get("torch_version")
+    return record_of(
+        RecommendationRecord, row, torch_version=torch_version if isinstance(torch_version, str) else None
+    )

@@ -1,0 +1,121 @@
+"""The trials table: one row per evaluated configuration of a search study, unique by (study, number)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+
+from store import _validate as v
+from store._models import TRIAL_STATUSES, Trial, utcnow
+from store._records import StudySummary, TrialRecord
+from store._rows import Repository, get_or_create, get_row, record_of, set_given, where_given
+from store._studies import Direction, checked_directions, study_summaries
+from store.exceptions import InvalidRecordError
+
+
+class Trials(Repository):
+    def add_trial(
+        self,
+        study: str,
+        *,
+        number: int,
+        model: str,
+        config: Mapping[str, Any],
+        backend: str,
+        scenario: Mapping[str, Any] | None = None,
+        values: Mapping[str, float] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        status: str = "complete",
+        failure_reason: str | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        created_at: dt.datetime | None = None,
+    ) -> int:
+        """Store trial `number` of `study`; returns its id. (study, number) is unique: use `update_trial` to change.
+
+        values: {objective: value} in the objective's unit (tokens/s, ms); backend: "vllm" or "model".
+        """
+        row = Trial(
+            study=v.text("study", study),
+            number=v.integer("number", number, minimum=0),
+            model=v.text("model", model),
+            config=v.json_dict("config", config),
+            scenario=v.json_dict("scenario", scenario),
+            values=v.objective_values(values),
+            metrics=v.json_dict("metrics", metrics),
+            status=v.choice("status", status, TRIAL_STATUSES),
+            failure_reason=v.optional_text("failure_reason", failure_reason),
+            backend=v.text("backend", backend),
+            provenance=v.json_dict("provenance", provenance),
+            created_at=v.timestamp("created_at", created_at, default=utcnow()),
+        )
+        with self._session() as session:
+            stored, created = get_or_create(
+                session, select(Trial).where(Trial.study == study, Trial.number == number), lambda: row
+            )
+            if not created:
+                raise InvalidRecordError(
+                    f"Trial {number} of study {study!r} is already stored (id {stored.id}); trial numbers are unique "
+                    f"per study. Use update_trial({stored.id}, ...) to change it."
+                )
+            return stored.id
+
+    def update_trial(
+        self,
+        trial_id: int,
+        *,
+        status: str | None = None,
+        values: Mapping[str, float] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        failure_reason: str | None = None,
+        provenance: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Finish or correct a stored trial (e.g. "running" -> "complete"); None arguments keep the stored value."""
+        changes = {
+            "status": None if status is None else v.choice("status", status, TRIAL_STATUSES),
+            "values": None if values is None else v.objective_values(values),
+            "metrics": None if metrics is None else v.json_dict("metrics", metrics),
+            "failure_reason": v.optional_text("failure_reason", failure_reason),
+            "provenance": None if provenance is None else v.json_dict("provenance", provenance),
+        }
+        with self._session() as session:
+            set_given(get_row(session, Trial, trial_id, f"No trial with id {trial_id}."), **changes)
+
+    def get_trial(self, trial_id: int) -> TrialRecord:
+        with self._session() as session:
+            return trial_record(get_row(session, Trial, trial_id, f"No trial with id {trial_id}."))
+
+    def list_trials(
+        self, study: str | None = None, *, model: str | None = None, status: str | None = None
+    ) -> list[TrialRecord]:
+        """Trials (filtered if asked) in the order they were run: by study, then trial number."""
+        if status is not None:
+            v.choice("status", status, TRIAL_STATUSES)
+        query = where_given(
+            select(Trial).order_by(Trial.study, Trial.number),
+            (study, Trial.study == study),
+            (model, Trial.model == model),
+            (status, Trial.status == status),
+        )
+        with self._session() as session:
+            return [trial_record(row) for row in session.scalars(query)]
+
+    def list_studies(self, directions: Mapping[str, Direction] | None = None) -> list[StudySummary]:
+        """One summary per study in our trials table, most recently active first.
+
+        The best value of an objective is the max over complete trials, or the min where `directions` marks it
+        "minimize"; objectives not in `directions` get no best value (the store does not guess which way is better:
+        take directions from `autotune.search.Objective`).
+        """
+        query = select(Trial.study, Trial.number, Trial.model, Trial.status, Trial.values, Trial.created_at).order_by(
+            Trial.study, Trial.number
+        )
+        checked = checked_directions(directions)
+        with self._session() as session:
+            rows = session.execute(query).all()
+        return study_summaries(rows, checked)
+
+def trial_record(row: Trial) -> TrialRecord:
+    return record_of(TrialRecord, row, values={k: float(x) for k, x in row.values.items()})

@@ -1,0 +1,99 @@
+"""Shapes a user relies on when reading model-backend predictions across concurrency: K = 0 is no speculation,
+speculation's gain falls with concurrency once plain decoding is no longer memory-bound on few weights (dense) or
+few experts (MoE), and 2- vs 4-layer P-EAGLE heads are both predicted."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.backends._step import step_time
+from autotune.backends.model import ModelBackend
+from autotune.catalogs import get_drafter, resolve_model
+from autotune.spec import Scenario, SpecConfig
+from autotune.workloads import Workload, WorkloadRequest
+
+KS = range(1, 9)
+
+
+def chat_workload() -> Workload:
+    """MT-Bench-like: 150-token prompts, 2048 output tokens (the published benchmarks' setup)."""
+    return Workload("chat", {"chat": (WorkloadRequest(prompt="x" * 600, max_tokens=2048),) * 4})
+
+
+def best_gain(
+    backend: ModelBackend, drafter: str, parallel: bool, concurrency: int, layers: int | None = None
+) -> float:
+    """Speedup over no speculation of the drafter at its best K in 1..8 (max_num_seqs = concurrency)."""
+    gains = []
+    for k in KS:
+        cfg = SpecConfig(method="eagle3", drafter=drafter, num_speculative_tokens=k, parallel_drafting=parallel,
+                         drafter_layers=layers, max_num_seqs=concurrency)
+        m = backend.measure(cfg, chat_workload(), Scenario(concurrency=concurrency))
+        assert m.ok, m.failure_reason
+        gains.append(float(m.speedup_vs_no_spec or 0.0))
+    return max(gains)
+
+
+def test_k0_is_exactly_no_speculation_with_any_head() -> None:
+    model = resolve_model("gpt-oss-120b")
+    backend = ModelBackend(model, "b200")
+    for name, parallel in (("amazon/gpt-oss-120b-p-eagle", True), ("nvidia/gpt-oss-120b-Eagle3-short-context", False)):
+        head = get_drafter(name)
+        for batch in (1, 8, 64):
+            with_head = step_time(model, backend.gpu, batch, 0, head, parallel, 1174, backend.params)
+            plain = step_time(model, backend.gpu, batch, 0, None, False, 1174, backend.params)
+            assert with_head.total_ms == plain.total_ms
+            assert with_head.draft.passes == 0 and with_head.spec_overhead_ms == 0.0
+    base = backend.measure(SpecConfig(max_num_seqs=8), chat_workload(), Scenario(concurrency=8))
+    assert base.speedup_vs_no_spec == 1.0 and base.extra["acceptance_length"] == 1.0
+
+
+def test_dense_target_gain_falls_with_concurrency() -> None:
+    # Llama-3.1-8B on H200: at batch 1 a step reads 15 GB of weights for 1 token per request, so verifying K more is
+    # nearly free; by batch 64-256 the matmuls are compute-bound and every verified token costs its FLOPs. Up to
+    # batch 16 the gain is flat (within 5%: the drafter's fixed per-pass cost weighs a little less in a longer step).
+    backend = ModelBackend("llama-3.1-8b", "h200")
+    head = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    c1, c16, c64, c256 = (best_gain(backend, head, False, c) for c in (1, 16, 64, 256))
+    assert c16 == pytest.approx(c1, rel=0.05)
+    assert min(c1, c16) > c64 > c256
+    # At 256 x 1174 tokens of context the step still reads 39 GB of KV cache, which K + 1 queries share: the gain
+    # shrinks towards, not below, 1.
+    assert c1 > 1.5 and c256 < 0.65 * c1
+
+
+def test_moe_target_gain_falls_with_concurrency_once_every_expert_is_read() -> None:
+    # gpt-oss-20b (32 experts, top-4) on H200: from concurrency 16 plain decoding already reads ~all experts, so
+    # more verified tokens add MoE grouped-GEMM compute (dequantised MXFP4 on Hopper) and attention, not bytes.
+    backend = ModelBackend("gpt-oss-20b", "h200")
+    for head, parallel in (("amazon/GPT-OSS-20B-P-EAGLE", True), ("RedHatAI/gpt-oss-20b-speculator.eagle3", False)):
+        gains = [best_gain(backend, head, parallel, c) for c in (16, 64, 256)]
+        assert gains == sorted(gains, reverse=True), head
+        assert gains[-1] < 1.2, head
+
+
+def test_moe_gain_dips_where_verification_reads_more_experts_as_published() -> None:
+    # PR #32887 (gpt-oss-120b, B200, 2-layer P-EAGLE): 1.52x at concurrency 1, 1.34x at 8. Eight requests verifying
+    # 4 tokens each read ~60 of 128 experts per layer where plain decoding reads ~29.
+    backend = ModelBackend("gpt-oss-120b", "b200")
+    c1, c8 = (best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, c, layers=2) for c in (1, 8))
+    assert c1 > c8 > 1.0
+    # and at high concurrency the gain falls again (compute-bound grouped GEMMs, per-slot drafting).
+    c64, c256 = (best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, c) for c in (64, 256))
+    assert c64 > c256
+
+
+def test_two_and_four_layer_p_eagle_heads_are_both_predicted_and_labelled() -> None:
+    # 2-layer heads: lower acceptance (Table 11), cheaper drafting; the variant is hypothetical.
+    backend = ModelBackend("gpt-oss-120b", "b200")
+    workload = chat_workload()
+    for layers in (2, 4):
+        cfg = SpecConfig(method="eagle3", drafter="amazon/gpt-oss-120b-p-eagle", num_speculative_tokens=7,
+                         parallel_drafting=True, drafter_layers=layers, max_num_seqs=1)
+        m = backend.measure(cfg, workload, Scenario(concurrency=1))
+        assert m.ok
+        hypothetical = any("hypothetical" in w for w in m.extra.get("warnings", []))
+        assert hypothetical is (layers == 2)
+    two = best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, 1, layers=2)
+    four = best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, 1, layers=4)
+    assert two == pytest.approx(four, rel=0.15)
