@@ -1,7 +1,8 @@
 """Where a measurement runs: device, GPU count, driver, vLLM and torch versions.
 
 Detected without importing torch or vLLM (importing them takes seconds and, for torch with CUDA, initialises the
-driver in the tuner process): versions come from package metadata, GPUs from ``nvidia-smi`` when it is on PATH.
+driver in the tuner process): versions come from package metadata, GPUs from NVML (the driver's management library,
+through ``nvidia-ml-py``), or from ``nvidia-smi`` when NVML cannot be loaded but the tool is on PATH.
 """
 
 from __future__ import annotations
@@ -66,6 +67,38 @@ def parse_nvidia_smi(text: str, visible: set[str] | None = None) -> list[dict[st
     return gpus
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _nvml_gpus() -> list[dict[str, str]] | None:
+    """GPUs as NVML names them (``"NVIDIA H100 80GB HBM3"``, the names nvidia-smi prints), with the driver version;
+    None when NVML cannot be used here (nvidia-ml-py not installed, no NVIDIA driver), so the caller falls back."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            name = _text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            gpus.append({"index": str(i), "name": name, "driver": driver})
+    except pynvml.NVMLError:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    visible = _visible_indices()
+    return [g for g in gpus if visible is None or g["index"] in visible]
+
+
 def _nvidia_gpus() -> list[dict[str, str]]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -97,9 +130,16 @@ def detect_environment() -> dict[str, Any]:
     return env
 
 
+def detect_gpus() -> list[dict[str, str]]:
+    """This machine's visible NVIDIA GPUs (``index``, ``name``, ``driver``): NVML first, ``nvidia-smi`` as the
+    fallback, [] when neither answers (no NVIDIA GPU or driver)."""
+    gpus = _nvml_gpus()
+    return _nvidia_gpus() if gpus is None else gpus
+
+
 @functools.lru_cache(maxsize=1)
 def _detect() -> dict[str, Any]:
-    gpus = _nvidia_gpus()
+    gpus = detect_gpus()
     return {
         "device": gpus[0]["name"] if gpus else "cpu",
         "gpu_count": len(gpus),

@@ -15,6 +15,11 @@ class UsageError(PeagleError):
     """The user asked for something invalid (unknown model or GPU, K out of range, bad option). CLI exit code 2."""
 
 
+class NotFoundError(UsageError):
+    """Nothing stored matches what was asked for (a recommendation id, a study, a profile). CLI exit code 3, the one
+    code for "not found" (the message says what to run to make or list it)."""
+
+
 class UnknownModelError(UsageError):
     """A model, drafter or GPU name that is in no catalog and is not a local path."""
 
@@ -33,3 +38,14 @@ class BackendUnavailableError(PeagleError):
 
 class StudyStorageError(PeagleError):
     """The Optuna storage of a search (--storage, or the --db database) cannot be opened."""
+
+
+class PrivateDirectoryError(PeagleError):
+    """A directory peagle-tune writes run files into (serve's run directory, drafter aliases) is not private to this
+    user (a symlink, owned by someone else, writable by others) or cannot be written; the message names the path,
+    the problem and what to do."""
+
+
+class ServerExitedError(PeagleError):
+    """``vllm serve`` stopped without being asked to (its engine died, it failed to start or it exited on its own);
+    the message says when, with which exit status, and where its log is."""

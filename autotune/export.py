@@ -6,6 +6,9 @@
 - ``schedule``: the speculative config with vLLM's ``num_speculative_tokens_per_batch_size`` ranges
   (``[[batch_min, batch_max, K], ...]``, inclusive, starting at batch size 1);
 - ``policy``: the runtime policy file (`policies.load_policy` reads it; format owned by ``policies``).
+
+Every export says what it is: `describe` names the recommendation, its concurrency, GPU, workload and figures
+(the CLI prints it on stderr), and the YAML forms start with it as a comment header.
 """
 
 from __future__ import annotations
@@ -90,13 +93,51 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
         args = ["vllm", "serve", model, *serve_flags(config_args(config, engine_paths=False))]
         return shlex.join(args) + "\n", warnings
     if fmt == "yaml":
-        return yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
+        header = "".join(f"# {line}\n" for line in describe(recommendation))
+        header += "# Serve with: vllm serve --config THIS_FILE.yaml\n"
+        return header + yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
     if fmt == "schedule":
         return _schedule(config, recommendation, warnings), warnings
     doc = policy_document(recommendation)
     if as_json:
         return json.dumps(doc, indent=2) + "\n", warnings
     return _policy_header(recommendation) + yaml.safe_dump(doc, sort_keys=False), warnings
+
+
+def describe(recommendation: Mapping[str, Any]) -> list[str]:
+    """What an export holds, in two lines: the recommendation (id, model, GPU, workload, objective, concurrency)
+    and its config and figures (tokens/s, speedup over no speculation, measured or predicted). Example::
+
+        recommendation #3: openai/gpt-oss-120b on NVIDIA H200 SXM 141GB, mt-bench, throughput, concurrency 64
+        amazon/gpt-oss-120b-p-eagle (4L), parallel drafting, K=4, max_num_seqs=64: 6509.8 tok/s, 1.72x vs no
+        speculation (predicted by the model backend)
+    """
+    metrics = recommendation.get("metrics") or {}
+    provenance = recommendation.get("provenance") or {}
+    scenario = recommendation.get("scenario") or {}
+    where = (f"recommendation #{recommendation.get('id')}: {recommendation.get('model')} on "
+             f"{recommendation.get('gpu')}, {recommendation.get('workload_name')}, {recommendation.get('objective')}, "
+             f"concurrency {scenario.get('concurrency')}")
+    try:
+        config = SpecConfig.from_dict(dict(recommendation.get("best_config") or {}))
+    except Exception:  # stored by another version: say what it holds
+        what = str(recommendation.get("best_config"))
+    else:
+        if config.speculative:
+            layers = f" ({config.drafter_layers}L)" if config.drafter_layers else ""
+            mode = "parallel drafting" if config.parallel_drafting else "sequential drafting"
+            what = f"{config.drafter}{layers}, {mode}, K={config.k}, max_num_seqs={config.max_num_seqs}"
+        else:
+            what = f"no speculation, max_num_seqs={config.max_num_seqs}"
+    figures = []
+    tps, speedup = metrics.get("output_tokens_per_s"), metrics.get("speedup_vs_no_spec")
+    if isinstance(tps, int | float):
+        figures.append(f"{tps:.1f} tok/s")
+    if isinstance(speedup, int | float):
+        figures.append(f"{speedup:.2f}x vs no speculation")
+    kind = provenance.get("kind")
+    source = f"{kind} by the {provenance.get('backend')} backend" if kind else "figures of unknown origin"
+    return [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
 
 
 def _schedule(config: SpecConfig, recommendation: Mapping[str, Any], warnings: list[str]) -> str:

@@ -7,6 +7,7 @@ as JSON.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,26 @@ from policies import MAX_K  # 16: the deepest K of configs, spaces, profiles and
 Method = Literal["none", "eagle3", "eagle", "draft_model"]
 METHODS: tuple[str, ...] = ("none", "eagle3", "eagle", "draft_model")
 
-__all__ = ["MAX_K", "METHODS", "Method", "Scenario", "SpecConfig", "config_label"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_K",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_NUM_SEQS",
+    "METHODS",
+    "Method",
+    "Scenario",
+    "SpecConfig",
+    "config_label",
+]
+
+#: Largest max_num_seqs of a config: 64x vLLM's largest default (1,024 requests per step on H100/H200-class GPUs).
+#: vLLM sizes per-sequence buffers by it at start-up; larger values are typos (99999999999999999999 was exported).
+MAX_NUM_SEQS = 65_536
+#: Largest max_num_batched_tokens: 2^24, 1.6x the longest context window of any released model (10M tokens).
+MAX_NUM_BATCHED_TOKENS = 2**24
+#: Most requests a scenario keeps in flight: no engine runs more than `MAX_NUM_SEQS` at once, and each request in
+#: flight is a client task with its own connection.
+MAX_CONCURRENCY = MAX_NUM_SEQS
 
 
 @dataclass(frozen=True)
@@ -57,10 +77,13 @@ class SpecConfig:
                     f"K (num_speculative_tokens) must be in [1, {MAX_K}] for method={self.method!r}, but got "
                     f"K={self.num_speculative_tokens}. Use method 'none' (K=0) for no speculation."
                 )
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be >= 1, but got {self.max_num_seqs}.")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens must be >= 1, but got {self.max_num_batched_tokens}.")
+        if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise ConfigError(f"max_num_seqs must be in [1, {MAX_NUM_SEQS:,}], but got {self.max_num_seqs!r:.40}.")
+        if self.max_num_batched_tokens is not None and not 1 <= self.max_num_batched_tokens <= MAX_NUM_BATCHED_TOKENS:
+            raise ConfigError(
+                f"max_num_batched_tokens must be in [1, {MAX_NUM_BATCHED_TOKENS:,}], but got "
+                f"{self.max_num_batched_tokens!r:.40}."
+            )
 
     @property
     def k(self) -> int:
@@ -128,10 +151,10 @@ class Scenario:
     """Prompts to send in the measured phase (None: the backend's default)."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be >= 1, but got {self.concurrency}.")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise ConfigError(f"request_rate must be > 0, but got {self.request_rate}.")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(f"concurrency must be in [1, {MAX_CONCURRENCY:,}], but got {self.concurrency!r:.40}.")
+        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise ConfigError(f"request_rate must be a number of requests/s > 0, but got {self.request_rate}.")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

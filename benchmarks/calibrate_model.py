@@ -53,6 +53,7 @@ FREE: dict[str, tuple[float, float, float, float]] = {
     "step_overhead_ms": (0.40, 0.30, 0.0, 2.0),
     "draft_pass_overhead_ms": (0.30, 0.20, 0.0, 1.5),
     "routing_locality": (0.30, 0.20, 0.0, 0.8),
+    "spec_request_overhead_ms": (0.03, 0.02, 0.0, 0.2),
 }
 #: Relative error one point is allowed before it costs as much as one prior sigma.
 POINT_SIGMA = 0.05

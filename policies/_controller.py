@@ -232,11 +232,12 @@ class DepthController:
 
     def observe_tally(self, tally: StepTally, step_ms: float | None = None) -> None:
         """`observe_step` for a step already counted per class (what the scheduler plugin passes)."""
-        by_class = tally.by_class() if len(tally.outcomes) > 1 else {c: o for (c, _), o in tally.outcomes.items()}
         estimator = self.estimator
-        for cls, outcomes in by_class.items():
+        present = []
+        for (cls, _phase), outcomes in tally.outcomes.items():
             estimator.observe_counts(cls, outcomes)
-        estimator.advance(present=by_class)
+            present.append(cls)
+        estimator.advance(present=set(present) if len(present) > 1 else present)
         if step_ms is not None and tally.size and self.settings.learn_step_cost:
             always = self.settings.drafter_always_runs
             ran = always or tally.deepest > 0

@@ -58,23 +58,48 @@ class _Counts:
     class has aged (its own time); ``step``: the clock value the counts were last decayed to.
 
     Plain lists, not arrays: an engine step touches a few classes with K <= 16 positions each, where list updates
-    cost a fraction of numpy's per-call overhead; the read side (`AcceptanceEstimator.conditional`) converts."""
+    cost a fraction of numpy's per-call overhead; the read side (`AcceptanceEstimator.conditional`) converts.
 
-    __slots__ = ("succ", "trials", "step", "clock")
+    ``pending``: per-step outcomes not yet added, ``(judged, accepted) -> weight``, each weighted by
+    ``decay ** -(clock at observation - step)`` so that `age` adds it with exactly the weight it would have had if
+    added at once (``decay ** (clock now - clock at observation)``). A step then costs one dict update per distinct
+    outcome instead of K list updates; everything is added on the next read (`age`)."""
+
+    __slots__ = ("succ", "trials", "step", "clock", "pending")
+
+    _MAX_PENDING_STEPS = 64  # add the pending outcomes at least this often (keeps decay ** -n far from overflow)
 
     def __init__(self, max_k: int, step: int) -> None:
         self.succ = [0.0] * max_k
         self.trials = [0.0] * max_k
         self.step = step
         self.clock = step
+        self.pending: dict[tuple[int, int], float] = {}
 
     def age(self, decay: float) -> None:
-        """Decay the counts to the class's own clock."""
+        """Decay the counts to the class's own clock and add the pending outcomes."""
         if self.clock != self.step:
             f = decay ** (self.clock - self.step)
             self.succ = [x * f for x in self.succ]
             self.trials = [x * f for x in self.trials]
             self.step = self.clock
+        else:
+            f = 1.0
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            for (judged, accepted), w in pending.items():
+                self.add_pair(judged, accepted, w * f)
+
+    def defer(self, outcomes: Mapping[tuple[int, int], float], decay: float) -> None:
+        """Queue ``(judged, accepted) -> drafts`` observed now (at ``clock``); added by the next `age`."""
+        lag = self.clock - self.step
+        if lag > self._MAX_PENDING_STEPS:
+            self.age(decay)
+            lag = 0
+        scale = decay ** -lag if lag else 1.0
+        pending = self.pending
+        for key, m in outcomes.items():
+            pending[key] = pending.get(key, 0.0) + m * scale
 
     def add(self, trials: Sequence[float], succ: Sequence[float]) -> None:
         t, s = self.trials, self.succ
@@ -167,18 +192,18 @@ class AcceptanceEstimator:
     def observe_counts(self, cls: str, outcomes: Mapping[tuple[int, int], int]) -> None:
         """One step's requests of one class as ``{(drafted, accepted): number of requests}`` (what the scheduler
         plugin aggregates per class). O(distinct outcomes * K), independent of the number of requests."""
-        targets = None
+        judged_outcomes: dict[tuple[int, int], float] = {}
+        max_k = self.max_k
         for (drafted, accepted), m in outcomes.items():
             if drafted == 0 or m == 0:
                 continue
-            self._check(drafted, accepted)
-            if targets is None:
-                targets = self._targets(cls)
-                for counts in targets:
-                    counts.age(self.decay)
-            judged = accepted + 1 if accepted < drafted else drafted
-            for counts in targets:
-                counts.add_pair(judged, accepted, float(m))
+            if not (0 <= accepted <= drafted <= max_k):
+                self._check(drafted, accepted)
+            key = (accepted + 1 if accepted < drafted else drafted, accepted)
+            judged_outcomes[key] = judged_outcomes.get(key, 0.0) + m
+        if judged_outcomes:
+            for counts in self._targets(cls):
+                counts.defer(judged_outcomes, self.decay)
 
     def observe_many(
         self, cls: str, num_drafted: Sequence[int] | np.ndarray, num_accepted: Sequence[int] | np.ndarray

@@ -13,7 +13,7 @@ from store._models import TRIAL_STATUSES, Trial, utcnow
 from store._records import StudySummary, TrialRecord
 from store._rows import Repository, get_or_create, get_row, record_of, set_given, where_given
 from store._studies import Direction, checked_directions, study_summaries
-from store.exceptions import InvalidRecordError
+from store.exceptions import DuplicateRecordError
 
 
 class Trials(Repository):
@@ -33,7 +33,8 @@ class Trials(Repository):
         provenance: Mapping[str, Any] | None = None,
         created_at: dt.datetime | None = None,
     ) -> int:
-        """Store trial `number` of `study`; returns its id. (study, number) is unique: use `update_trial` to change.
+        """Store trial `number` of `study`; returns its id. (study, number) is unique: storing it again raises
+        `DuplicateRecordError` (use `update_trial` to change it); a refused value raises `InvalidRecordError`.
 
         values: {objective: value} in the objective's unit (tokens/s, ms); backend: "vllm" or "model".
         """
@@ -56,7 +57,7 @@ class Trials(Repository):
                 session, select(Trial).where(Trial.study == study, Trial.number == number), lambda: row
             )
             if not created:
-                raise InvalidRecordError(
+                raise DuplicateRecordError(
                     f"Trial {number} of study {study!r} is already stored (id {stored.id}); trial numbers are unique "
                     f"per study. Use update_trial({stored.id}, ...) to change it."
                 )

@@ -37,6 +37,13 @@ def normalize_db_url(url_or_path: str) -> str:
         )
     if "://" in text:
         return text
+    if ":" in text.split("/", 1)[0] and not Path(text).expanduser().exists():
+        # "postgresql:/host/db", "sqlite:peagle.db", "::::": a mistyped URL, not a file name to create.
+        raise DatabaseUnavailableError(
+            f"Cannot parse the database URL {mask_password(text)!r:.120}: it has a ':' but no '://'. Use a SQLAlchemy "
+            "URL such as sqlite:////abs/path/peagle.db or postgresql+psycopg://user:password@host:5432/dbname, or a "
+            "file path (write ./NAME for a file whose name has a ':')."
+        )
     path = Path(text).expanduser().resolve()
     return f"sqlite:///{path}"
 

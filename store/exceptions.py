@@ -41,3 +41,8 @@ class DatabaseCorruptError(DatabaseUnavailableError):
 
 class DatabaseFullError(DatabaseUnavailableError):
     """The disk holding the database is full; the write was rolled back whole (nothing of it was stored)."""
+
+
+class DuplicateRecordError(InvalidRecordError):
+    """The record is stored already (a trial number of a study): the one `InvalidRecordError` a writer racing
+    another worker may ignore. Every other `InvalidRecordError` means the value itself was refused."""

@@ -7,11 +7,13 @@ float32 and greedy, so outputs can be compared token for token. The scheduler pl
 request verifies the same depth, cycling through 4, 2, 0 and 1 in blocks of 3 steps, so one launch covers
 widths 4, 2, 1, off-steps (depth 0) and requests resuming after them. The same plan runs four times: with the worker
 patch (``lowered``), with it disabled in the plugin config (``trimmed``: vLLM drafts K and the plugin trims), with
-the engine started without the worker extension (``absent``), and with an injected worker fault (``fault``), all on
-vLLM's multiprocess executor; ``uniproc`` repeats ``lowered`` on the uniproc executor (the worker then lives in the
-engine-core process; requests reach the engine core at other times there, so its step sequence, and with it the
-draft counts, differ slightly from the multiprocess runs and are not compared with them). A launch without
-speculation gives the reference outputs. One engine at a time, ~20-40 s each on 2 cores.
+the engine started without the worker extension (``absent``), and with an injected worker fault (``fault``). These
+run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, uniproc executor): every request is queued before the first
+step, so the step sequence, and with it every draft count, is reproducible run to run and comparable across runs.
+(With the engine core in its own process, requests reach it while it already steps, and the first batches, hence the
+plan's depth per step, vary by a draft or two between launches.) ``multiproc`` repeats ``lowered`` with the engine
+core and vLLM's multiprocess executor in their own processes, checked on its own. A launch without speculation gives
+the reference outputs. One engine at a time, ~20-40 s each on 2 cores.
 
 This file is also the engine driver: ``python tests/test_drafter_width_vllm.py JOB.json RESULT.json``.
 """
@@ -46,9 +48,10 @@ pytestmark = [
 
 
 # ----------------------------------------------------------------------------------------------- the driver
-def _prompts() -> list[str]:
+def _prompts(cls: str = "predictable", n: int = NUM_PROMPTS) -> list[str]:
     rows = [json.loads(line) for line in WORKLOAD.read_text().splitlines() if line.strip()]
-    return [r["prompt"] for r in rows if r["class"] == "predictable"][:NUM_PROMPTS]
+    prompts = [r["prompt"] for r in rows if r["class"] == cls]
+    return [prompts[i % len(prompts)] for i in range(n)]  # repeated when more are asked for than the file has
 
 
 def _spec_counters(llm: Any) -> tuple[int, list[int]]:
@@ -62,7 +65,7 @@ def _spec_counters(llm: Any) -> tuple[int, list[int]]:
 def drive(job: dict[str, Any]) -> dict[str, Any]:
     """One engine launch: generate the predictable prompts (concurrency 8), return outputs, vLLM's spec counters
     over the measured phase and the workers' drafter-width counters."""
-    if job.get("uniproc"):
+    if not job.get("multiproc"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
@@ -70,8 +73,10 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {
         "model": job["target"], "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0,
-        "disable_log_stats": False, "max_num_seqs": CONCURRENCY, "enable_prefix_caching": False,
+        "disable_log_stats": False, "max_num_seqs": job.get("concurrency", CONCURRENCY), "enable_prefix_caching": False,
     }
+    if job.get("plugin_only"):  # no speculation, but the plugin records step times
+        kwargs.update(engine_kwargs())
     if job.get("k"):
         kwargs["speculative_config"] = {"method": "draft_model", "model": job["drafter"],
                                         "num_speculative_tokens": job["k"], "parallel_drafting": True}
@@ -79,10 +84,11 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         if not job.get("extension", True):
             del kwargs["worker_extension_cls"]
     llm = LLM(**kwargs)
-    prompts = _prompts()
+    cls = job.get("class", "predictable")
+    prompts = _prompts(cls, job.get("num_prompts", NUM_PROMPTS))
     llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=8)] * 2, use_tqdm=False)  # warm-up
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                            extra_args={CLASS_KEY: "predictable", PHASE_KEY: "measure"})
+    params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", MAX_TOKENS), ignore_eos=True,
+                            extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
     drafts0, per_pos0 = _spec_counters(llm)
     outputs = llm.generate(prompts, [params] * len(prompts), use_tqdm=False)
     drafts1, per_pos1 = _spec_counters(llm)
@@ -132,14 +138,42 @@ PLAN_PLUGIN: dict[str, Any] = {"mode": "plan", "plan": PLAN}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("drafter-width")
-    return {
+    out = {
         "none": launch(tmp, "none", k=0),
         "lowered": launch(tmp, "lowered", k=K, plugin=PLAN_PLUGIN),
         "trimmed": launch(tmp, "trimmed", k=K, plugin={**PLAN_PLUGIN, "drafter_width": {"enabled": False}}),
         "absent": launch(tmp, "absent", k=K, plugin=PLAN_PLUGIN, extension=False),
         "fault": launch(tmp, "fault", k=K, plugin={**PLAN_PLUGIN, "drafter_width": {"fault": "propose"}}),
-        "uniproc": launch(tmp, "uniproc", k=K, plugin=PLAN_PLUGIN, uniproc=True),
+        "multiproc": launch(tmp, "multiproc", k=K, plugin=PLAN_PLUGIN, multiproc=True),
     }
+    summary = os.environ.get("PEAGLE_DRAFTER_WIDTH_SUMMARY")  # where to write the measured figures (optional)
+    if summary:
+        Path(summary).write_text(json.dumps(_summary(out), indent=1))
+    return out
+
+
+def _summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The figures behind the assertions: acceptance per depth, drafter ms per width, step ms per drafting width."""
+    out: dict[str, Any] = {}
+    for name, run in runs.items():
+        if "stats" not in run:
+            continue
+        stats = run["stats"]
+        steps: dict[str, list[float]] = {}
+        for e in stats.step_costs(["measure"]):
+            if e["batch_size"] == CONCURRENCY and e["depth"] is not None:
+                steps.setdefault(f"verify{e['depth']}-draft{e['drafting_depth']}", []).extend(e["samples_ms"])
+        workers = run["workers"][0] if isinstance(run["workers"], list) else {}
+        out[name] = {
+            "acceptance_by_depth": {str(d): v for d, v in _acceptance_by_depth(run).items()},
+            "step_ms_median": {k: [len(v), round(statistics.median(v), 2)] for k, v in sorted(steps.items())},
+            "drafter_ms_median": {k: [len(v), round(statistics.median(v), 3)]
+                                  for k, v in sorted(workers.get("drafter_ms", {}).items())},
+            "counters": {k: v for k, v in workers.items() if k != "drafter_ms"},
+            "overhead_us_per_step": round(stats.overhead_ms / max(stats.steps, 1) * 1000, 1),
+            "info": stats.info.get("drafter_width"),
+        }
+    return out
 
 
 def _acceptance_by_depth(run: dict[str, Any]) -> dict[int, tuple[int, tuple[int, ...]]]:
@@ -157,7 +191,7 @@ def _worker(run: dict[str, Any]) -> dict[str, Any]:
 def test_lowered_drafting_keeps_greedy_outputs_and_every_request(runs: dict[str, dict[str, Any]]) -> None:
     reference = runs["none"]["outputs"]
     assert len(reference) == NUM_PROMPTS and all(len(o) == MAX_TOKENS for o in reference)
-    for name in ("lowered", "trimmed", "absent", "fault", "uniproc"):
+    for name in ("lowered", "trimmed", "absent", "fault", "multiproc"):
         assert runs[name]["outputs"] == reference, name
         assert not runs[name]["stats"].fallback, (name, runs[name]["stats"].errors)
 
@@ -225,7 +259,7 @@ def test_without_the_worker_extension_the_plugin_trims(runs: dict[str, dict[str,
 
 def test_an_injected_worker_fault_falls_back_to_trimming(runs: dict[str, dict[str, Any]]) -> None:
     stats = runs["fault"]["stats"]
-    counters = _worker(runs["fault"])
+    counters = _worker(runs["fault"])  # in-process: the worker's counters come straight from its runner
     assert counters["disabled"] and counters["faults"] == 1
     fallback = stats.info["drafter_width"]
     assert "planned" in fallback["fallback"] and fallback["lower_width"] is False, fallback
@@ -235,13 +269,13 @@ def test_an_injected_worker_fault_falls_back_to_trimming(runs: dict[str, dict[st
     assert _acceptance_by_depth(runs["fault"]) == _acceptance_by_depth(runs["trimmed"])
 
 
-def test_the_uniproc_executor_lowers_and_skips_too(runs: dict[str, dict[str, Any]]) -> None:
-    run = runs["uniproc"]
+def test_the_multiprocess_executor_lowers_and_skips_too(runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["multiproc"]  # engine core and worker each in their own process: the handshake crosses both
     assert run["stats"].info["drafter_width"]["lower_width"] is True
     counters = _worker(run)
     assert counters["lowered_steps"] > 0 and counters["skipped_steps"] > 0 and counters["caught_up_requests"] > 0
     drafts, accepted = _acceptance_by_depth(run)[1]
-    assert drafts > 0 and accepted[0] / drafts > 0.85  # as in the multiprocess run (derivation there)
+    assert drafts > 0 and accepted[0] / drafts > 0.85  # as in-process (derivation in the off-steps test)
 
 
 def main(argv: list[str]) -> int:

@@ -97,3 +97,17 @@ def test_two_and_four_layer_p_eagle_heads_are_both_predicted_and_labelled() -> N
     two = best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, 1, layers=2)
     four = best_gain(backend, "amazon/gpt-oss-120b-p-eagle", True, 1, layers=4)
     assert two == pytest.approx(four, rel=0.15)
+
+
+def test_speculation_pays_a_host_cost_per_running_request() -> None:
+    # vLLM's per-request draft bookkeeping (spec_request_overhead_ms) is charged only when speculating and grows
+    # with the batch: at 64 requests it adds 63 x the per-request cost over one request; K = 0 pays none of it.
+    model = resolve_model("gpt-oss-120b")
+    backend = ModelBackend(model, "h200")
+    head = get_drafter("amazon/gpt-oss-120b-p-eagle")
+    per_request = backend.params.spec_request_overhead_ms
+    assert per_request > 0.0
+    one = step_time(model, backend.gpu, 1, 3, head, True, 1174, backend.params)
+    many = step_time(model, backend.gpu, 64, 3, head, True, 1174, backend.params)
+    assert many.spec_overhead_ms - one.spec_overhead_ms == pytest.approx(63 * per_request)
+    assert step_time(model, backend.gpu, 64, 0, head, True, 1174, backend.params).spec_overhead_ms == 0.0

@@ -314,3 +314,20 @@ def test_policies_core_imports_no_vllm_or_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_class_absent_for_a_long_phase_returns_at_its_learnt_depth() -> None:
+    """docs/benchmarks/runtime.md: after a long predictable phase, entropic requests were verified at depth 4 for
+    hundreds of drafts, because every engine step aged the entropic estimate back to the all-class one. Only the
+    classes in a step age now, so entropic comes back at the depth it had earned."""
+    ctl = _controller(profiles={"chat": CHAT}, max_k=3, refresh_every=1)
+    # Entropic accepts position 0 once in 10 drafts: at B=4, K=0 gives 4 tokens in 10 + 4 = 14 ms (.286/ms) and
+    # K=1 gives 4 * 1.1 = 4.4 tokens in 10 + 8 = 18 ms (.244/ms): depth 0.
+    for _ in range(300):
+        ctl.observe_step([(f"e{i}", "entropic", 3, 1 if i == 0 else 0) for i in range(10)])
+    entropic = _batch(4, "entropic")
+    before = ctl.decide(entropic).plan["entropic"]
+    for _ in range(3000):  # a long phase without entropic requests: predictable accepts everything
+        ctl.observe_step([(f"p{i}", "predictable", 3, 3) for i in range(4)])
+    assert ctl.decide(_batch(4, "predictable")).plan["predictable"] == 3
+    assert before == 0 and ctl.decide(entropic).plan["entropic"] == before

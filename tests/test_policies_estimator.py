@@ -102,3 +102,44 @@ def test_invalid_observations_are_rejected() -> None:
         est.observe_many("c", [1, 6], [0, 0])
     with pytest.raises(ValueError, match="decay must be in"):
         AcceptanceEstimator(4, decay=1.5)
+
+
+def test_per_step_counts_weigh_exactly_as_immediate_observations() -> None:
+    """`observe_counts` (what the plugin feeds once per step and class) defers the work to the next read; the
+    weights must come out as if every request had been observed at once and aged step by step."""
+    rng = np.random.default_rng(1)
+    eager, deferred = AcceptanceEstimator(4, decay=0.9), AcceptanceEstimator(4, decay=0.9)
+    for step in range(150):  # longer than the deferral bound (64 steps), so the forced add runs too
+        outcomes: dict[tuple[int, int], int] = {}
+        for _ in range(int(rng.integers(1, 9))):
+            d = int(rng.integers(0, 5))
+            a = int(rng.integers(0, d + 1))
+            eager.observe("x", d, a)
+            outcomes[(d, a)] = outcomes.get((d, a), 0) + 1
+        deferred.observe_counts("x", outcomes)
+        eager.advance()
+        deferred.advance(present=["x"])
+        if step % 37 == 0:  # a read in between adds what is pending
+            np.testing.assert_allclose(deferred.conditional("x"), eager.conditional("x"), rtol=1e-9)
+    np.testing.assert_allclose(deferred.conditional("x"), eager.conditional("x"), rtol=1e-9)
+    assert deferred.effective_trials("x") == pytest.approx(eager.effective_trials("x"), rel=1e-9)
+
+
+def test_a_class_absent_from_the_steps_keeps_its_estimate() -> None:
+    """docs/benchmarks/runtime.md: after a long phase of other classes, a class came back at the all-class estimate
+    (every engine step aged it). Ageing only the classes present keeps what was learnt about it."""
+    est = AcceptanceEstimator(2, decay=0.98)
+    for _ in range(200):
+        est.observe_counts("entropic", {(2, 0): 8})  # position 0 almost never accepted
+        est.advance(present=["entropic"])
+    learnt = est.conditional("entropic")[0]
+    assert learnt < 0.05
+    for _ in range(2000):  # a long predictable phase: entropic is absent from every step
+        est.observe_counts("predictable", {(2, 2): 8})
+        est.advance(present=["predictable"])
+    assert est.conditional("entropic")[0] == pytest.approx(learnt, abs=0.01)  # unchanged (the global pool moved)
+    assert est.global_conditional()[0] > 0.9
+    # Ageing every class (advance() without present) forgets it: 0.98^2000 ~ 3e-18 of its counts remain, so it
+    # falls back to the global estimate (itself aged to its 0.5 floor).
+    est.advance(2000)
+    assert est.conditional("entropic")[0] == pytest.approx(est.global_conditional()[0]) == pytest.approx(0.5)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from autotune.cli.simulate import simulate
 
 SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--classes", "chat,code", "--concurrency", "1,4",
-         "--requests-per-phase", "4", "--output-tokens", "24", "--static-k", "2,4"]
+         "--requests-per-phase", "4", "--output-tokens", "24", "--static-k", "2,4", "--no-store"]
 
 
 def test_table_is_labelled_predicted_names_its_sources_and_fits_80_columns() -> None:
@@ -58,3 +58,42 @@ def test_usage_errors() -> None:
     assert result.exit_code == 2 and "shifting" in result.output
     result = runner.invoke(simulate, [*SMALL, "--autocorrelation", "auto"])
     assert result.exit_code == 2 and "--traces" in result.output
+
+
+def test_simulates_a_stored_profile(tmp_path: Path) -> None:
+    # A measured profile in the store (fixture-like: predictable accepts almost everything, entropic almost nothing)
+    # drives the simulation; the device comes from the profile's environment.
+    from policies import StepCostModel
+    from store import Store
+
+    db = tmp_path / "peagle.db"
+    store = Store(f"sqlite:///{db}")
+    env = store.environment_id({"device": "cpu", "gpu_count": 0, "driver": None, "vllm_version": "0.32.0",
+                                "torch_version": "2.13.0"})
+    cost = StepCostModel({"base": 4.0, "per_request": 0.3, "per_verified_token": 0.12, "drafter_fixed": 2.5})
+    pid = store.add_profile(
+        "target", method="draft_model", max_k=4, environment_id=env, drafter="drafter-2l", parallel_drafting=True,
+        acceptance={"predictable": {"num_drafts": 500, "accepted_per_position": [490, 455, 449, 439]},
+                    "entropic": {"num_drafts": 500, "accepted_per_position": [123, 0, 0, 0]}},
+        step_costs=[], cost_model=cost.to_dict(),
+    )
+    store.close()
+    workload = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "fixture.jsonl"
+    result = CliRunner().invoke(simulate, ["--profile", str(pid), "--db", str(db), "--workload", str(workload),
+                                           "--chars-per-token", "1", "--concurrency", "4", "--requests-per-phase", "8",
+                                           "--shape", "shifting", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "cpu"
+    assert f"measured profile #{pid}" in data["acceptance_source"]
+    assert "fitted step-cost model" in data["step_cost_source"]
+    rows = {r["config"]: r for r in data["rows"]}
+    none, k4, k1 = rows["no speculation"], rows["static K=4"], rows["static K=1"]
+    # A wave of 4 requests (~100 prompt tokens, 48 output tokens each) at B=4. No speculation: ~55 ms of prefill
+    # (400 prompt tokens x 0.12 ms + base) then 47 steps of 4 + 1.2 + 0.48 = 5.68 ms: ~322 ms. Predictable at K=4:
+    # the same prefill (+ 2.5 ms drafter) then ~10.5 steps (AL 4.67) of 4 + 1.2 + 2.4 + 2.5 = 10.1 ms: ~163 ms, so
+    # ~2.0x. Entropic at K=1: AL 1.25 for 8.66 ms per step, 6.9 ms per token against 5.68: slower.
+    phases = data["settings"]["workloads"]["shifting"]  # one phase per class (sorted), then mixed
+    pred, ent = phases.index("predictable"), phases.index("entropic")
+    assert k4["phase_tokens_per_s"][pred] > 1.8 * none["phase_tokens_per_s"][pred]
+    assert k1["phase_tokens_per_s"][ent] < none["phase_tokens_per_s"][ent]

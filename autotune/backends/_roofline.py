@@ -59,17 +59,17 @@ class RooflineParams:
     """Every constant the roofline assumes (ms, fractions, tokens).
 
     The FITTED ones (`bandwidth_efficiency`, `compute_efficiency`, `moe_compute_efficiency`, `step_overhead_ms`,
-    `draft_pass_overhead_ms`, `routing_locality`)
+    `draft_pass_overhead_ms`, `routing_locality`, `spec_request_overhead_ms`)
     come from ``benchmarks/calibrate_model.py``, which fits them to the published throughput points in
     ``benchmarks/data/model_calibration.yaml`` with a prior pulling each toward the physically expected value given
     in its docstring. The others are set from kernel and engine facts, not fitted. A `Calibration` fitted from one
     measured profile corrects them for a real deployment.
     """
 
-    bandwidth_efficiency: float = 0.832
+    bandwidth_efficiency: float = 0.828
     """FITTED. Fraction of the datasheet HBM bandwidth decode kernels achieve. Bandwidth tests on H100/H200/B200
     reach ~90% of peak, tuned GEMV/attention/grouped-GEMM kernels 70-85%; prior 0.8."""
-    compute_efficiency: float = 0.452
+    compute_efficiency: float = 0.432
     """FITTED. Fraction of the dense tensor-core peak that dense matmuls and attention achieve at decode shapes.
     cuBLAS reaches 70-80% on large square bf16 GEMMs; decode shapes (a few hundred rows, attention) less; prior
     0.5."""
@@ -81,7 +81,7 @@ class RooflineParams:
     """Row tile of a grouped MoE GEMM: each active expert's token rows are padded up to a multiple of it (vLLM's
     fused-MoE kernels use BLOCK_SIZE_M = 16 at small batch). With m tokens on an expert the padded rows average
     ``max(tile, m + tile / 2)`` (at least one tile; above it, half a tile of waste)."""
-    step_overhead_ms: float = 0.371
+    step_overhead_ms: float = 0.375
     """FITTED. Per engine step, ms: scheduling, input preparation, sampler launch and output processing that
     async scheduling does not hide (vLLM V1 spends a few hundred microseconds of CPU per step); prior 0.4."""
     request_overhead_ms: float = 0.008
@@ -95,12 +95,25 @@ class RooflineParams:
     activation, un-permute: ~8 more small kernels at ~4 us."""
     spec_step_overhead_ms: float = 0.15
     """Extra per step that speculates, ms: rejection sampling kernels, draft bookkeeping, one more host sync."""
-    draft_pass_overhead_ms: float = 0.311
+    spec_request_overhead_ms: float = 0.027
+    """FITTED. Extra per running request per step that speculates, ms: the host-side work speculation adds per
+    request (the scheduler appending and trimming K draft token ids and the accepted count, spec-decode metadata
+    and the drafter's per-request input preparation), exposed because the accepted count must reach the host
+    before the next step is scheduled. ~2-4x the 8 us of a plain decode step's per-request work; prior 0.03.
+    It is what keeps speculation's gain from growing at c >= 32 (docs/benchmarks/model.md, "Across
+    concurrency"): published high-concurrency gains for gpt-oss-120b (Red Hat, vLLM on H200: +10-21% up to 200
+    requests) are far below a step that only pays weights."""
+    moe_row_bytes_per_hidden: float = 16.0
+    """Activation bytes per routed row (token x expert) per MoE layer, in units of hidden_size: the token
+    permute/gather (h bf16 read), the gate_up output written and read (2 x 2h bf16), the activation written and
+    read (2 x h), the down output written and read for the weighted combine (2 x h): 2 * (1 + 4 + 2 + 2) ~ 16-18
+    h bytes. Token-proportional traffic the weight roofline misses (gpt-oss: 46 KB per row per layer)."""
+    draft_pass_overhead_ms: float = 0.306
     """FITTED. Per drafter forward pass, ms: preparing its inputs (hidden-state gather, positions, slot mapping,
     attention metadata, done on the host per pass), its launch and the argmax over its logits; its layers and LM
     head add `layer_overhead_ms` each on top. vLLM's sequential EAGLE loop pays it K times, parallel drafting once;
     prior 0.3 (vLLM PR #32628 sees sequential TPOT grow ~0.24 ms per extra draft token at concurrency 1)."""
-    routing_locality: float = 0.449
+    routing_locality: float = 0.479
     """FITTED. Share of a token's experts already chosen by the previous token of the same request (consecutive
     tokens route alike): the K + 1 verified tokens of one request touch experts like ``1 + K * (1 - locality)``
     independent tokens. 0 = independent routing; prior 0.3."""
@@ -139,6 +152,8 @@ class RooflineParams:
             "layer_overhead_ms",
             "moe_layer_overhead_ms",
             "spec_step_overhead_ms",
+            "spec_request_overhead_ms",
+            "moe_row_bytes_per_hidden",
             "draft_pass_overhead_ms",
             "sampler_bytes_per_logit",
             "runtime_reserve_gb",
@@ -384,12 +399,16 @@ def target_pass(
     experts = expected_distinct_experts(model.num_experts, model.experts_per_token,
                                         tokens if routed is None else min(float(routed), float(tokens)))
     moe_bytes = model.num_layers * experts * per_expert * model.bytes_per_param_expert
+    # Token-proportional activation traffic of the routed rows (not weights: reported apart from weight_bytes).
+    row_bytes = (model.num_layers * tokens * model.experts_per_token * model.hidden_size
+                 * params.moe_row_bytes_per_hidden) if experts > 0 else 0.0
     tile = float(params.moe_tile_rows)
     rows = max(experts * tile, tokens * model.experts_per_token + experts * tile / 2.0) if experts > 0 else 0.0
     moe_flops = 2.0 * model.num_layers * rows * per_expert
     # compute_ms applies compute_efficiency; grouped MoE GEMMs run at moe_compute_efficiency instead.
     moe_rate = tensor_tflops(model.bytes_per_param_expert, gpu) * params.moe_compute_efficiency
-    moe = (compute_ms(moe_flops, moe_rate / params.compute_efficiency, params), memory_ms(moe_bytes, gpu, params))
+    moe = (compute_ms(moe_flops, moe_rate / params.compute_efficiency, params),
+           memory_ms(moe_bytes + row_bytes, gpu, params))
 
     kv_bytes = requests * model.kv_bytes(max(int(round(context_tokens)), 0))
     attn_flops = tokens * attention_flops_per_token(model, context_tokens)

@@ -136,14 +136,76 @@ def list_gpus() -> list[GPUSpec]:
     return list(_gpus())
 
 
+def _gpu_slug(name: str) -> str:
+    """`name` reduced for matching: lower case, "nvidia" dropped, runs of other characters as one "-"
+    ("NVIDIA H100 PCIe" -> "h100-pcie", "H100_SXM" -> "h100-sxm")."""
+    text = re.sub(r"\bnvidia\b", " ", name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+_GPU_FAMILY = re.compile(r"(?<![a-z0-9])(g[bh]\d{3}|rtx-?\w+|[abhlvt]\d{2,3}s?)(?![0-9])")
+_GPU_MEMORY = re.compile(r"(?<![0-9])(\d{2,3})-?gb(?![a-z])")
+
+
+def _gpu_traits(text: str) -> tuple[str | None, str | None, int | None]:
+    """(family, form factor, memory GB) named in a GPU name, e.g. "NVIDIA H100 80GB HBM3" -> ("h100", "sxm", 80).
+
+    HBM3 on an H100 means the SXM part (the PCIe card has HBM2e), as nvidia-smi's "NVIDIA H100 80GB HBM3" says."""
+    slug = _gpu_slug(text)
+    family = _GPU_FAMILY.search(slug)
+    form = None
+    if "pcie" in slug:
+        form = "pcie"
+    elif "nvl" in slug:
+        form = "nvl"
+    elif "sxm" in slug or "hgx" in slug or (family is not None and family.group(1) == "h100" and "hbm3" in slug):
+        form = "sxm"
+    memory = _GPU_MEMORY.search(slug)
+    return (family.group(1) if family else None, form, int(memory.group(1)) if memory else None)
+
+
+def _catalog_traits(gpu: GPUSpec) -> tuple[str | None, str | None, int]:
+    family, form, _ = _gpu_traits(f"{gpu.key} {gpu.display_name}")
+    return family, form, int(gpu.memory_gb)
+
+
+def _unknown_gpu(name: str, family: str | None, closest: GPUSpec | None) -> UnknownModelError:
+    known = "; ".join(f"{g.key} ({g.display_name})" for g in _gpus())
+    hint = ""
+    if closest is not None:
+        hint = (f" The catalog has no {name.strip()!r}; the closest entry is {closest.key} ({closest.display_name}): "
+                f"pass --gpu {closest.key} to predict with its figures.")
+    elif family and family.startswith(("gb", "gh")):
+        hint = " Grace superchips (GB200, GH200) are not in the catalog; --gpu b200 or h200 is the nearest GPU."
+    return UnknownModelError(
+        f"unknown GPU {name!r}: known GPUs are {known}. Names as nvidia-smi prints them (\"NVIDIA H100 80GB HBM3\", "
+        f"\"NVIDIA H100 PCIe\") and forms like h100-sxm, \"H100 SXM\" or a100-40gb work too.{hint}"
+    )
+
+
 def get_gpu(name: str) -> GPUSpec:
-    """The GPU whose key, display name or alias matches `name` (case-insensitive)."""
-    wanted = _norm(name)
+    """The catalog GPU `name` means: its key, display name or an alias (case, spaces, dashes and a leading "NVIDIA"
+    ignored: "H100 SXM", "h100_sxm", "NVIDIA H100 PCIe"), else the one entry whose family, form factor (SXM, PCIe)
+    and memory match what the name says (nvidia-smi's "NVIDIA H100 80GB HBM3", "A100-SXM4-40GB"). A family with
+    several entries and nothing to tell them apart gives the family's own key (``h100`` is the SXM part). Raises
+    UnknownModelError listing the catalog, with the closest entry when the family is known."""
+    wanted = _gpu_slug(name)
     for gpu in _gpus():
-        if wanted in {gpu.key, _norm(gpu.display_name), *(_norm(a) for a in gpu.aliases)}:
+        if wanted in {_gpu_slug(n) for n in (gpu.key, gpu.display_name, *gpu.aliases)}:
             return gpu
-    known = _names([(g.key, g.aliases) for g in _gpus()])
-    raise UnknownModelError(f"unknown GPU {name!r}: known GPUs are {known}.")
+    family, form, memory = _gpu_traits(name)
+    same_family = [g for g in _gpus() if _catalog_traits(g)[0] == family] if family else []
+    matching = [
+        g for g in same_family
+        if (form is None or _catalog_traits(g)[1] in (form, None))
+        and (memory is None or _catalog_traits(g)[2] == memory)
+    ]
+    if len(matching) > 1:
+        matching = [g for g in matching if g.key == family] or matching[:0]
+    if len(matching) == 1:
+        return matching[0]
+    closest = next((g for g in same_family if g.key == family), same_family[0] if same_family else None)
+    raise _unknown_gpu(name, family, closest)
 
 
 def default_gpu() -> GPUSpec:

@@ -1,64 +1,32 @@
-"""The CLI's rich tables: `peagle-tune search`'s results and Pareto fronts, and `peagle-tune show`'s generic
-listings (one row per stored record, nested values summarised). Drawing only: the numbers come from the library."""
+"""The CLI's tables: `peagle-tune search`'s results, drafter comparison and Pareto fronts, and `peagle-tune show`'s
+listings. Drawing only: the numbers come from the library.
+
+Designed for an 80-column terminal: few, well-chosen columns with short names (a drafter's repository name, the
+GPU's catalog key), no borders but the header rule, and the details (full ids, p99s, trial counts, provenance) below
+the table or in the ``--wide`` columns. Cells never hold raw JSON.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from autotune.search import ScenarioResult, SearchRun, measurement_metrics
-from autotune.spec import config_label
+from autotune.spec import SpecConfig
 
-# ------------------------------------------------------------------------------------------------- peagle-tune show
+#: Width the narrow tables are designed for (and checked against in tests/test_ux_tables.py).
+NARROW = 80
+#: Width `--wide` output is drawn at, whatever the terminal.
+WIDE = 160
 
-#: Columns shown per listing, in order; records keep everything for --json.
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "recommendations": ("id", "model", "gpu", "workload_name", "objective", "scenario", "best_config", "metrics",
-                        "provenance", "created_at"),
-    "trials": ("number", "status", "config", "values", "backend", "failure_reason"),
-    "profiles": ("id", "model", "drafter", "device", "vllm_version", "workload_name", "max_k", "kind", "created_at"),
-    "studies": (),
-}
-
-
-def _cell(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key in ("best_config", "config") and isinstance(value, dict):
-        return config_label(value, layers=False)
-    if key == "scenario" and isinstance(value, dict):
-        return f"c={value.get('concurrency')}"
-    if key == "metrics" and isinstance(value, dict):
-        tps, sp = value.get("output_tokens_per_s"), value.get("speedup_vs_no_spec")
-        return f"{tps:.1f} tok/s" + (f", {sp:.2f}x vs no spec" if sp else "") if tps else "-"
-    if key == "provenance" and isinstance(value, dict):
-        return str(value.get("kind", "?")) + f" ({value.get('backend')}, {value.get('device')})"
-    if key == "values" and isinstance(value, dict):
-        return ", ".join(f"{k}={v:.2f}" for k, v in value.items())
-    if isinstance(value, dict | list):
-        return json.dumps(value)[:60]
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)[:60]
-
-
-def records_table(kind: str, rows: Sequence[dict[str, Any]]) -> Table:
-    """Stored records of one `kind` (recommendations, trials, profiles, studies), one row each."""
-    cols = COLUMNS.get(kind) or (tuple(rows[0].keys()) if rows else ())
-    t = Table(title=f"{kind} ({len(rows)})")
-    for c in cols:
-        t.add_column(c)
-    for row in rows:
-        t.add_row(*(_cell(c, row.get(c)) for c in cols))
-    if not rows:
-        t.caption = "nothing stored yet: run `peagle-tune search --model MODEL`"
-    return t
-
-
-# ----------------------------------------------------------------------------------------------- peagle-tune search
+# --------------------------------------------------------------------------------------------------- short names
 
 
 def fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
@@ -66,13 +34,134 @@ def fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
-def _best_label(r: ScenarioResult) -> str:
-    label = r.best.config.label()
-    if r.hypothetical:
-        label += " [HYPOTHETICAL]"
+def short_model(name: str | None) -> str:
+    """A model id without its organisation: ``openai/gpt-oss-120b`` -> ``gpt-oss-120b`` (a local path: its folder)."""
+    if not name:
+        return "-"
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
+def short_gpu(device: str | None) -> str:
+    """A device as its catalog key (``NVIDIA H200 SXM 141GB`` -> ``h200``); ``cpu`` and unknown names unchanged."""
+    if not device:
+        return "-"
+    if device == "cpu":
+        return device
+    from autotune.catalogs import get_gpu
+    from autotune.errors import PeagleError
+
+    try:
+        return get_gpu(device).key
+    except PeagleError:
+        return device
+
+
+def drafter_name(drafter: str | None, model: str | None = None) -> str:
+    """A drafter's repository name without organisation or ``:N-layer`` (the layers are shown beside it); under a
+    title that names the target `model`, also without a leading target name: ``amazon/gpt-oss-120b-p-eagle`` ->
+    ``p-eagle`` for model ``openai/gpt-oss-120b`` (names that do not start with it stay whole)."""
+    if not drafter:
+        return "-"
+    name = re.sub(r":\d+-layer$", "", drafter.rstrip("/").rsplit("/", 1)[-1])
+    target = short_model(model) if model else ""
+    if target and len(name) > len(target) + 1 and name.lower().startswith(target.lower()) \
+            and name[len(target)] in "-_.":
+        return name[len(target) + 1:]
+    return name
+
+
+def drafter_cell(config: SpecConfig, hypothetical: bool = False, *, full: bool = False,
+                 model: str | None = None) -> str:
+    """``p-eagle 4L`` (see `drafter_name`; ``*`` marks a hypothetical variant); ``no speculation`` for none. `full`
+    keeps the whole id (``--wide``)."""
+    if not config.speculative:
+        return "no speculation"
+    name = re.sub(r":\d+-layer$", "", str(config.drafter)) if full else drafter_name(config.drafter, model)
+    layers = f" {config.drafter_layers}L" if config.drafter_layers else ""
+    return f"{name}{layers}{'*' if hypothetical else ''}"
+
+
+def drafters_legend(configs: Iterable[SpecConfig | None], model: str | None = None) -> str | None:
+    """``Drafters: p-eagle = amazon/gpt-oss-120b-p-eagle; ...`` for the short names a table shows (None: none)."""
+    seen: dict[str, str] = {}
+    for c in configs:
+        if c is not None and c.speculative and c.drafter:
+            full = re.sub(r":\d+-layer$", "", str(c.drafter))
+            seen.setdefault(drafter_name(full, model), full)
+    if not seen:
+        return None
+    return "Drafters: " + "; ".join(f"{short} = {full}" if short != full else full for short, full in seen.items())
+
+
+def pd_cell(config: SpecConfig) -> str:
+    """Parallel drafting: ``on``/``off``; ``-`` without speculation."""
+    if not config.speculative:
+        return "-"
+    return "on" if config.parallel_drafting else "off"
+
+
+def config_text(config: SpecConfig | Mapping[str, Any], hypothetical: bool = False) -> str:
+    """A config in words, naming the drafter: ``gpt-oss-120b-p-eagle 4L, parallel drafting, K=4, max_num_seqs=64``."""
+    if not isinstance(config, SpecConfig):
+        raw = dict(config)
+        try:
+            config = SpecConfig.from_dict(raw)
+        except Exception:  # a config another version stored: show what it is
+            return ", ".join(f"{k}={v}" for k, v in raw.items())
+    if not config.speculative:
+        return f"no speculation, max_num_seqs={config.max_num_seqs}"
+    mode = "parallel drafting" if config.parallel_drafting else "sequential drafting"
+    tokens = f", max_num_batched_tokens={config.max_num_batched_tokens}" if config.max_num_batched_tokens else ""
+    return (f"{drafter_cell(config, hypothetical)} ({config.drafter}), {mode}, K={config.k}, "
+            f"max_num_seqs={config.max_num_seqs}{tokens}")
+
+
+def when(value: Any) -> str:
+    """A stored timestamp as ``2026-12-03 09:05`` (UTC)."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+        except ValueError:
+            return value[:16]
+    return "-"
+
+
+def _table(*columns: str, right: Iterable[str] = ()) -> Table:
+    """A borderless table (a rule under the header only): every column counts toward 80, none on the frame. Only
+    the drafter column may wrap."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    right = set(right)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", no_wrap=c != "drafter", overflow="fold")
+    return t
+
+
+def titled(title: str, table: RenderableType, *notes: str | None) -> Group:
+    """`table` under its title, with notes below (a title is its own line, so it never wraps inside a narrow
+    table)."""
+    parts: list[RenderableType] = [Text(title, style="bold"), table]
+    parts += [Text(n, style="dim") for n in notes if n]
+    return Group(*parts)
+
+
+# ----------------------------------------------------------------------------------------------- peagle-tune search
+
+
+def _variant_row(r: ScenarioResult) -> Any:
+    """The per-drafter row of the recommended config's drafter variant (for its speedup over EAGLE-3)."""
+    config = r.best.config
+    for row in r.per_drafter:
+        if row.best_config == config:
+            return row
+    return None
+
+
+def _best_drafter(r: ScenarioResult, wide: bool, model: str) -> str:
     if not r.feasible:
-        label = f"NONE meets the SLOs (closest: {label})"
-    return label
+        return "none meets the SLOs"
+    return drafter_cell(r.best.config, r.hypothetical is not None, full=wide, model=model)
 
 
 def launches(r: ScenarioResult, run: SearchRun) -> str:
@@ -80,59 +169,267 @@ def launches(r: ScenarioResult, run: SearchRun) -> str:
     if not run.launches_engines:
         return "0"
     if r.profile_launches:
-        return f"{r.engine_launches} ({r.profile_launches} profiling)"
+        return f"{r.engine_launches} ({r.profile_launches} prof.)"
     return str(r.engine_launches)
 
 
-def results_table(run: SearchRun) -> Table:
-    """The best config per concurrency, with its figures, speedups, trial counts and launches."""
-    kinds = {r.best.provenance.kind for r in run.results}
-    title = f"{run.model} on {run.workload}: best config per concurrency ({run.objective.describe()}; " \
-        f"{'/'.join(sorted(kinds))})"
-    drafters = sorted({str(r.best.config.drafter) for r in run.results if r.best.config.drafter})
-    caption = "trials: ok/failed/pruned" + (f"; drafters: {', '.join(drafters)}" if drafters else "")
-    table = Table(title=title, caption=caption)
+def results_title(run: SearchRun) -> str:
+    kinds = "/".join(sorted({r.best.provenance.kind for r in run.results}))
+    return (f"{short_model(run.model)} on {short_gpu(run.device)}, {run.workload}: best config per concurrency "
+            f"({kinds})")
+
+
+def results_table(run: SearchRun, *, wide: bool = False) -> Group:
+    """The recommended config per concurrency: drafter, K, parallel drafting, max_num_seqs, tokens/s, TPOT and the
+    speedups over no speculation and over EAGLE-3 at its best K. `wide` adds p99s, the speedup over the drafter's
+    published K, trial counts and engine launches."""
     show_ttft = "ttft_ms_p99" in run.objective.slos
-    cols = ["conc.", "best config", "tok/s", "TPOT ms p50/p99"]
-    cols += ["TTFT p99 ms"] if show_ttft else []
-    cols += ["vs no spec", "vs pub. K", "trials", "launches"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "best config" else "right")
+    tpot_p99 = wide or "tpot_ms_p99" in run.objective.slos
+    cols = ["c", "drafter", "PD", "K", "seqs", "tok/s", "TPOT"]
+    cols += ["TPOT p99"] if tpot_p99 else []
+    cols += ["TTFT p99"] if show_ttft or wide else []
+    cols += ["vs none", "vs E3"]
+    cols += ["vs pub. K", "trials ok/fail", "launches"] if wide else []
+    table = _table(*cols, right=set(cols) - {"drafter", "PD"})
     for r in run.results:
         metrics = measurement_metrics(r.best)
-        pub = r.speedup_over(r.published)
-        pub_label = "-" if r.published is None else f"{fmt(pub, '.2f', 'x')} (K={r.published.config.k})"
-        row = [
-            str(r.scenario.concurrency),
-            _best_label(r),
-            fmt(r.best.output_tokens_per_s),
-            f"{fmt(metrics['tpot_ms_p50'], '.2f')}/{fmt(metrics['tpot_ms_p99'], '.2f')}",
-        ]
-        row += [fmt(metrics["ttft_ms_p99"], ".0f")] if show_ttft else []
-        row += [
-            fmt(r.speedup_over(r.baseline), ".2f", "x"),
-            pub_label,
-            f"{r.n_complete}/{r.n_failed}/{r.n_pruned}",
-            launches(r, run),
-        ]
-        table.add_row(*row)
-    return table
+        config = r.best.config
+        variant = _variant_row(r)
+        vs_e3 = "-"
+        if variant is not None:
+            vs_e3 = "ref" if variant.is_eagle3_reference else fmt(variant.speedup_vs_eagle3, ".2f", "x")
+        row = [str(r.scenario.concurrency), _best_drafter(r, wide, run.model), pd_cell(config), str(config.k) if
+               config.speculative else "0", str(config.max_num_seqs), fmt(r.best.output_tokens_per_s),
+               fmt(metrics["tpot_ms_p50"], ".2f")]
+        row += [fmt(metrics["tpot_ms_p99"], ".2f")] if tpot_p99 else []
+        row += [fmt(metrics["ttft_ms_p99"], ".0f")] if show_ttft or wide else []
+        row += [fmt(r.speedup_over(r.baseline), ".2f", "x"), vs_e3]
+        if wide:
+            pub = r.speedup_over(r.published)
+            row += ["-" if r.published is None else f"{fmt(pub, '.2f', 'x')} (K={r.published.config.k})",
+                    f"{r.n_complete}/{r.n_failed}", launches(r, run)]
+        table.add_row(*row, style=None if r.feasible else "red")
+    key = ("PD: parallel drafting; seqs: max_num_seqs; TPOT: ms per output token (median); vs none: over no "
+           "speculation; vs E3: over the best EAGLE-3 head at its best K (ref: that head).")
+    legend = None if wide else drafters_legend((r.best.config for r in run.results), run.model)
+    return titled(results_title(run), table, legend, key)
 
 
-def pareto_table(r: ScenarioResult) -> Table:
+def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
+    """Per concurrency, the best config of every drafter variant searched (P-EAGLE vs EAGLE-3, 2 vs 4 layers,
+    parallel drafting on/off) with tokens/s and speedups over no speculation and over EAGLE-3 at its best K.
+    None when no scenario compared two or more variants."""
+    if not any(len(r.per_drafter) > 1 for r in run.results):
+        return None
+    cols = ["c", "drafter", "PD", "K", "seqs", "tok/s", "vs none", "vs E3"]
+    table = _table(*cols, right=set(cols) - {"drafter", "PD"})
+    for i, r in enumerate(run.results):
+        for j, row in enumerate(r.per_drafter):
+            chosen = r.feasible and row.best_config == r.best.config
+            vs_e3 = "ref" if row.is_eagle3_reference else fmt(row.speedup_vs_eagle3, ".2f", "x")
+            name = drafter_cell(row.best_config, row.hypothetical, full=wide, model=run.model)
+            table.add_row(
+                str(r.scenario.concurrency) if j == 0 else "",
+                ("> " if chosen else "  ") + name,
+                pd_cell(row.best_config),
+                str(row.k),
+                str(row.best_config.max_num_seqs),
+                fmt(row.output_tokens_per_s),
+                fmt(row.speedup_vs_no_spec, ".2f", "x"),
+                vs_e3,
+                style="bold" if chosen else None,
+                end_section=j == len(r.per_drafter) - 1 and i < len(run.results) - 1,
+            )
+    configs = [row.best_config for r in run.results for row in r.per_drafter]
+    notes = [None if wide else drafters_legend(configs, run.model)]
+    if any(row.hypothetical for r in run.results for row in r.per_drafter):
+        notes.append("* HYPOTHETICAL: no released checkpoint; acceptance derived from the paper's layer ablation "
+                     "(predicted only, never served).")
+    notes.append("> the recommended config.")
+    return titled("Each drafter at its best config (P-EAGLE vs EAGLE-3, 2 vs 4 layers)", table, *notes)
+
+
+def pareto_table(r: ScenarioResult, *, wide: bool = False, model: str | None = None) -> Group:
     """A scenario's Pareto front (tokens/s vs TPOT p99), the recommended point marked."""
-    table = Table(title=f"c={r.scenario.concurrency}: Pareto front ({len(r.pareto)} configs; * = recommended)")
-    for col in ("", "config", "tokens/s", "TPOT p99 ms", "TTFT p99 ms", "trial"):
-        table.add_column(col, justify="left" if col == "config" else "right")
+    cols = ["", "drafter", "PD", "K", "seqs", "tok/s", "TPOT p99", "TTFT p99", "trial"]
+    table = _table(*cols, right=set(cols) - {"drafter", "PD", ""})
     for p in r.pareto:
-        mark = "*" if r.feasible and p.config == r.best.config else ""
-        label = p.config.label() + (" [HYPOTHETICAL]" if p.hypothetical else "")
+        mark = ">" if r.feasible and p.config == r.best.config else ""
         table.add_row(
             mark,
-            label,
+            drafter_cell(p.config, p.hypothetical, full=wide, model=model),
+            pd_cell(p.config),
+            str(p.config.k),
+            str(p.config.max_num_seqs),
             fmt(p.metrics.get("output_tokens_per_s")),
             fmt(p.metrics.get("tpot_ms_p99"), ".2f"),
             fmt(p.metrics.get("ttft_ms_p99"), ".0f"),
             str(p.trial),
         )
-    return table
+    return titled(f"c={r.scenario.concurrency}: Pareto front ({len(r.pareto)} configs; > = recommended)", table)
+
+
+# ------------------------------------------------------------------------------------------------- peagle-tune show
+
+
+def _config(row: Mapping[str, Any], key: str) -> SpecConfig | None:
+    value = row.get(key)
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return SpecConfig.from_dict(dict(value))
+    except Exception:  # written by another version: shown as "-" (--json has it whole)
+        return None
+
+
+def _k(config: SpecConfig | None) -> str:
+    if config is None:
+        return "-"
+    return str(config.k) if config.speculative else "0"
+
+
+def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:
+    """Stored recommendations, one small table per model, GPU, workload, objective and kind of figures (predicted or
+    measured), newest group first: id, concurrency, drafter, PD, K, max_num_seqs, tokens/s, speedup over no
+    speculation, date."""
+    if not rows:
+        return Text("No recommendations stored yet: run `peagle-tune search --model MODEL`.")
+    groups: dict[tuple[str, str, str, str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        kind = str((row.get("provenance") or {}).get("kind", "unknown"))
+        key = (str(row.get("model")), str(row.get("gpu")), str(row.get("workload_name")), str(row.get("objective")),
+               kind)
+        groups.setdefault(key, []).append(row)
+    parts: list[RenderableType] = []
+    cols = ["#", "c", "drafter", "PD", "K", "seqs", "tok/s", "vs none", "stored"]
+    hypothetical_seen = False
+    for (model, gpu, workload, objective, kind), items in groups.items():
+        title = f"{model if wide else short_model(model)} on {gpu if wide else short_gpu(gpu)}, {workload}, " \
+            f"{objective} ({kind})"
+        table = _table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
+        configs = []
+        for row in sorted(items, key=lambda r: (-int((r.get("scenario") or {}).get("concurrency") or 0),
+                                                -int(r["id"]))):
+            config = _config(row, "best_config")
+            configs.append(config)
+            metrics = row.get("metrics") or {}
+            hypothetical = bool(metrics.get("hypothetical_drafter"))
+            hypothetical_seen |= hypothetical
+            speedup = metrics.get("speedup_vs_no_spec")
+            tps = metrics.get("output_tokens_per_s")
+            table.add_row(
+                str(row.get("id")),
+                str((row.get("scenario") or {}).get("concurrency", "-")),
+                drafter_cell(config, hypothetical, full=wide, model=model) if config else "-",
+                pd_cell(config) if config else "-",
+                _k(config),
+                str(config.max_num_seqs) if config else "-",
+                fmt(tps) if isinstance(tps, int | float) else "-",
+                fmt(speedup, ".2f", "x") if isinstance(speedup, int | float) else "-",
+                when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
+            )
+        parts.append(titled(title, table, None if wide else drafters_legend(configs, model)))
+        parts.append(Text(""))
+    footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
+    if hypothetical_seen:
+        footer += " * = HYPOTHETICAL drafter (no checkpoint)."
+    parts.append(Text(footer, style="dim"))
+    return Group(*parts)
+
+
+def trials_view(study: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:
+    """The trials of one study: number, status, drafter, PD, K, max_num_seqs, objective values; failure reasons
+    below the table (whole with --wide)."""
+    if not rows:
+        return Text(f"Study {study!r} has no trials stored. `peagle-tune show --studies` lists the studies.")
+    names: list[str] = []
+    for row in rows:
+        for name in row.get("values") or {}:
+            if name not in names:
+                names.append(name)
+    headers = [_value_header(n) for n in names]
+    cols = ["#", "status", "drafter", "PD", "K", "seqs", *headers]
+    table = _table(*cols, right={"#", "K", "seqs", *headers})
+    failures = []
+    configs = []
+    model = str(rows[0].get("model") or "")
+    for row in rows:
+        config = _config(row, "config")
+        configs.append(config)
+        values = row.get("values") or {}
+        table.add_row(
+            str(row.get("number")),
+            str(row.get("status")),
+            drafter_cell(config, full=wide, model=model) if config else "-",
+            pd_cell(config) if config else "-",
+            _k(config),
+            str(config.max_num_seqs) if config else "-",
+            *(fmt(values.get(n), ".2f" if "_ms" in n or n == "latency" else ".1f") for n in names),
+        )
+        if row.get("failure_reason"):
+            failures.append((row.get("number"), str(row["failure_reason"])))
+    kinds = sorted({str((row.get("provenance") or {}).get("kind", "unknown")) for row in rows})
+    title = f"{len(rows)} trials ({'/'.join(kinds)}) of study\n  {study}"
+    parts: list[RenderableType] = [titled(title, table, None if wide else drafters_legend(configs, model))]
+    if failures:
+        parts.append(Text("Failed trials:"))
+        for number, reason in failures:
+            parts.append(Text(f"  #{number}: {reason if wide else _cut(reason, 200)}"))
+    return Group(*parts)
+
+
+def _value_header(name: str) -> str:
+    return {"output_tokens_per_s": "tok/s", "tpot_ms_p50": "TPOT p50", "tpot_ms_p99": "TPOT p99",
+            "ttft_ms_p99": "TTFT p99", "throughput": "tok/s", "latency": "TPOT p50"}.get(name, name)
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def profiles_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:
+    """Stored profiles: id, model, drafter, device, kind (measured/live), K_max, workload, date."""
+    if not rows:
+        return Text("No profiles stored yet: measure one with `peagle-tune profile --model M --drafter D "
+                    "--workload W` (one engine launch per drafter).")
+    cols = ["#", "model", "drafter", "device", "kind", "K max", "workload", "stored"]
+    table = _table(*cols, right={"#", "K max"})
+    for row in rows:
+        drafter = row.get("drafter")
+        table.add_row(
+            str(row.get("id")),
+            str(row.get("model")) if wide else short_model(row.get("model")),
+            str(drafter) if wide else drafter_name(drafter),
+            str(row.get("device")) if wide else short_gpu(row.get("device")),
+            str(row.get("kind")),
+            str(row.get("max_k")),
+            str(row.get("workload_name") or "-"),
+            when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
+        )
+    return titled(f"Profiles ({len(rows)})", table)
+
+
+def studies_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:
+    """Studies, each name whole on its own line (so it can be copied into ``show --trials``), its counts and best
+    value below it."""
+    if not rows:
+        return Text("No studies stored yet: run `peagle-tune search --model MODEL`.")
+    lines: list[RenderableType] = [Text(f"Studies ({len(rows)}); list one's trials with `peagle-tune show --trials "
+                                        "STUDY`:", style="bold")]
+    for row in rows:
+        best = row.get("best_values") or {}
+        numbers = row.get("best_trial_numbers") or {}
+        bests = ", ".join(
+            f"{fmt(v, '.2f' if '_ms' in k or k == 'latency' else '.1f')} {_value_header(k)} "
+            f"(#{numbers.get(k, '?')})"
+            for k, v in best.items()
+        )
+        counts = f"{row.get('n_trials')} trials: {row.get('n_complete')} ok, {row.get('n_failed')} failed"
+        counts += f", {row.get('n_running')} running" if row.get("n_running") else ""
+        detail = f"    {counts}; best {bests or '-'}"
+        if wide:
+            detail += f"; {', '.join(row.get('models') or ())}; last trial {when(row.get('last_created_at'))}"
+        lines.append(Text(f"  {row.get('study')}"))
+        lines.append(Text(detail, style="dim"))
+    return Group(*lines)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from autotune.cli._common import (
@@ -17,9 +15,10 @@ from autotune.cli._common import (
 def db() -> None:
     """Database maintenance.
 
+    \b
     Example:
-
-        peagle-tune db upgrade --db sqlite:///peagle.db
+      peagle-tune db upgrade --db sqlite:///peagle.db
+      peagle-tune db path
     """
 
 
@@ -29,28 +28,27 @@ def db() -> None:
 def db_upgrade(db_url: str | None) -> None:
     """Upgrade the database schema to this version of peagle-tune.
 
+    \b
     Example:
-
-        peagle-tune db upgrade
+      peagle-tune db upgrade
     """
-    from store import default_db_url, upgrade
+    from store import default_db_url, mask_password, normalize_db_url, upgrade
 
-    if db_url and "://" not in db_url:
-        db_url = f"sqlite:///{Path(db_url).expanduser().resolve()}"
-    url = db_url or default_db_url()
+    url = normalize_db_url(db_url) if db_url else default_db_url()
     upgrade(url)
-    console.print(f"Database {url} is at the current schema.")
+    console.print(f"Database {mask_password(url)} is at the current schema.", highlight=False)
 
 
 @db.command("path")
 @db_option
+@errors
 def db_path(db_url: str | None) -> None:
-    """Print the database URL peagle-tune uses.
+    """Print the database URL peagle-tune uses (its password, if any, as ***).
 
+    \b
     Example:
-
-        peagle-tune db path
+      peagle-tune db path
     """
-    from store import default_db_url
+    from store import default_db_url, mask_password, normalize_db_url
 
-    click.echo(db_url or default_db_url())
+    click.echo(mask_password(normalize_db_url(db_url) if db_url else default_db_url()))

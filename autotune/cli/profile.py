@@ -70,44 +70,49 @@ def profile(
     least-squares step-cost model is fitted to the step times and its fit error is reported. Profiles are stored
     (see `peagle-tune show --profiles`).
 
+    In a terminal each launch shows a live line on stderr (phase, elapsed time, ETA); piped or with --json it is
+    quiet.
+
+    \b
     Example:
-
-        peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l \\
-            --workload examples/workloads/fixture.jsonl --concurrency 1,4,16 --max-k 8
-
-        peagle-tune profile --model meta-llama/Llama-3.1-8B-Instruct --drafter yuhuili/EAGLE3-LLaMA3.1-Instruct-8B \\
-            --workload mixed --json
+      peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l --workload mixed --max-k 8
+      peagle-tune profile --model ./target --drafter ./drafter-1l --workload mixed --concurrency 1,8 --baseline --json
     """
+    from autotune.cli._progress import launch_progress
     from autotune.profiling import profile as run_profile
+    from autotune.spec import MAX_CONCURRENCY
     from autotune.workloads import load_workload
 
-    concurrencies = int_list(concurrency, "--concurrency")
+    concurrencies = int_list(concurrency, "--concurrency", MAX_CONCURRENCY)
     wl = load_workload(workload)
-    store = None if no_store else open_store(db_url)
+    store = None if no_store else open_store(db_url, writes=True)
     pd = {"auto": None, "on": True, "off": False}[parallel_drafting]
+    live = not as_json and err_console.is_terminal
 
     def progress(line: str) -> None:
-        err_console.print(line, highlight=False, markup=False)
+        if live:
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
-    results = run_profile(
-        model,
-        list(drafters),
-        wl,
-        concurrencies=concurrencies,
-        max_k=max_k,
-        store=store,
-        model_name=canonical_model(model),
-        method=method,
-        parallel_drafting=pd,
-        num_prompts=num_prompts,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        load_format=load_format,
-        engine_extra={"enforce_eager": True} if enforce_eager else None,
-        timeout_s=timeout_s,
-        baseline=baseline,
-        progress=progress,
-    )
+    with launch_progress(err_console, enabled=live):
+        results = run_profile(
+            model,
+            list(drafters),
+            wl,
+            concurrencies=concurrencies,
+            max_k=max_k,
+            store=store,
+            model_name=canonical_model(model),
+            method=method,
+            parallel_drafting=pd,
+            num_prompts=num_prompts,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            load_format=load_format,
+            engine_extra={"enforce_eager": True} if enforce_eager else None,
+            timeout_s=timeout_s,
+            baseline=baseline,
+            progress=progress,
+        )
     launches = sum(r.engine_launches for r in results) + (1 if baseline else 0)
     if as_json:
         click.echo(json.dumps({"engine_launches": launches, "profiles": [r.to_dict() for r in results]}, indent=2))

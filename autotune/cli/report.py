@@ -29,11 +29,10 @@ def report(model: str | None, out_dir: Path, force: bool, db_url: str | None) ->
     against K per batch size, and the trials of each search. Every figure says whether it is measured or
     predicted.
 
+    \b
     Example:
-
-        peagle-tune search --model gpt-oss-120b --gpu h200
-
-        peagle-tune report --out report/ && xdg-open report/index.html
+      peagle-tune search --model gpt-oss-120b --gpu h200
+      peagle-tune report --out report/ && xdg-open report/index.html
     """
     from autotune.report import write_report
 

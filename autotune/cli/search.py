@@ -18,9 +18,12 @@ from autotune.cli._common import (
     errors,
     int_list,
     open_store,
+    wide_console,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from autotune.search import ScenarioResult, Search, SearchEvent, SearchRun
@@ -29,7 +32,9 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.option("--model", required=True, help="Target model: catalog name (gpt-oss-120b), HF id or local path.")
-@click.option("--gpu", default=None, help="GPU to predict for (h100, h200, b200, a100, l40s). Default: h200.")
+@click.option("--gpu", default=None,
+              help="GPU to predict for: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, or the name nvidia-smi "
+              "prints (\"NVIDIA H100 PCIe\"). Default: h200.")
 @click.option(
     "--workload", default="mt-bench", show_default=True, help="Built-in workload name or a .jsonl/.json file."
 )
@@ -87,12 +92,15 @@ if TYPE_CHECKING:
 @click.option(
     "--storage",
     default=None,
-    help="Optuna storage URL shared by workers on several hosts, e.g. postgresql://user@host/db (default: --db).",
+    help="Optuna storage URL (or SQLite file path) shared by workers on several hosts, e.g. "
+    "postgresql://user@host/db (default: --db).",
 )
 @click.option("--heartbeat", type=int, default=60, show_default=True, metavar="SECONDS",
               help="Heartbeat of running trials; a worker silent for twice this has its trial failed and re-queued.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (progress goes to stderr).")
+@click.option("--wide", is_flag=True, help="Wider tables: full drafter ids, p99s, trial counts, engine launches.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON on stdout (notes on stderr; no progress display).")
 @db_option
 @errors
 def search(
@@ -119,6 +127,7 @@ def search(
     storage: str | None,
     heartbeat: int,
     seed: int,
+    wide: bool,
     as_json: bool,
     db_url: str | None,
 ) -> None:
@@ -126,27 +135,32 @@ def search(
     config per concurrency.
 
     With no GPU and no loadable model it predicts with the model backend (roofline + published acceptance)
-    and says so; with vLLM and a local model it measures real trials. Several workers (even on several hosts)
-    can run the same command with the same --study and --storage to share one study.
-
-    Example:
+    and says so; with vLLM and a local model it measures real trials. It prints the best config per concurrency
+    and each drafter's best (P-EAGLE vs EAGLE-3, 2 vs 4 layers). Several workers (even on several hosts) can run
+    the same command with the same --study and --storage to share one study; re-running a finished search
+    reports what it stored before.
 
     \b
-        peagle-tune search --model gpt-oss-120b --gpu h200 --concurrency 1,8,64
-        peagle-tune search --model gpt-oss-120b --objective goodput --slo-tpot-p99 12 --json
-        peagle-tune search --model gpt-oss-120b --objective pareto --strategy grid --concurrency 64
-        peagle-tune search --model gpt-oss-120b --study fleet --storage postgresql://user@host/peagle
-        peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
+    Example:
+      peagle-tune search --model gpt-oss-120b --gpu h200 --concurrency 1,8,64
+      peagle-tune search --model gpt-oss-120b --gpu "NVIDIA H100 PCIe" --concurrency 8
+      peagle-tune search --model gpt-oss-120b --objective goodput --slo-tpot-p99 12 --json
+      peagle-tune search --model gpt-oss-120b --objective pareto --strategy grid --concurrency 64
+      peagle-tune search --model gpt-oss-120b --study fleet --storage postgresql://user@host/peagle
+      peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
     """
     from autotune.search import SearchOptions, plan_search, space_from_options
+    from autotune.spec import MAX_CONCURRENCY, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
     space = space_from_options(
         drafters=list(drafters) or None,
         k_min=k_min,
         k_max=max_k,
-        max_num_seqs=int_list(max_num_seqs, "--max-num-seqs") if max_num_seqs else None,
+        max_num_seqs=int_list(max_num_seqs, "--max-num-seqs", MAX_NUM_SEQS) if max_num_seqs else None,
         max_num_batched_tokens=(
-            int_list(max_num_batched_tokens, "--max-num-batched-tokens") if max_num_batched_tokens else None
+            int_list(max_num_batched_tokens, "--max-num-batched-tokens", MAX_NUM_BATCHED_TOKENS)
+            if max_num_batched_tokens
+            else None
         ),
         parallel_drafting=parallel_drafting,
         include_hypothetical=include_hypothetical,
@@ -155,7 +169,7 @@ def search(
         model=model,
         gpu=gpu,
         workload=workload,
-        concurrencies=int_list(concurrency, "--concurrency"),
+        concurrencies=int_list(concurrency, "--concurrency", MAX_CONCURRENCY),
         objective=objective,
         slo_tpot_p99_ms=slo_tpot_p99,
         slo_ttft_p99_ms=slo_ttft_p99,
@@ -170,90 +184,165 @@ def search(
         heartbeat=heartbeat,
         seed=seed,
     )
-    store = open_store(db_url)
+    store = open_store(db_url, writes=True)
     out = err_console if as_json else console
     plan = plan_search(store, options)
     for note in plan.notes:
-        out.print(f"[bold]{note}[/bold]", highlight=False)
-    run = plan.run(lambda search, scenario: _with_progress(search, scenario, out))
+        out.print(note, style="bold", highlight=False, markup=False, soft_wrap=True)
+    run = plan.run(lambda search, scenario: _with_progress(search, scenario, out, live=not as_json))
     if as_json:
         sys.stdout.write(json.dumps(run_dict(run), indent=2, default=str) + "\n")
         sys.stdout.flush()
     else:
-        print_results(run, console, store)
+        print_results(run, wide_console() if wide else console, store, wide=wide)
     if run.infeasible:
-        which = ", ".join(f"c={r.scenario.concurrency} (closest: {r.best.config.label()})" for r in run.infeasible)
+        from autotune.cli._tables import config_text
+
+        which = ", ".join(f"c={r.scenario.concurrency} (closest: {config_text(r.best.config)})"
+                          for r in run.infeasible)
         raise click.ClickException(
             f"No config met the SLOs at {which}; nothing was recommended there. Relax --slo-tpot-p99/--slo-ttft-p99, "
             "widen the space, or lower the concurrency."
         )
 
 
-def _with_progress(search: Search, scenario: Scenario, console: Console) -> ScenarioResult:
-    """Run one scenario's search under a progress bar (complete/failed/pruned counts of every worker)."""
+def _with_progress(search: Search, scenario: Scenario, console: Console, *, live: bool = True) -> ScenarioResult:
+    """Run one scenario's search under a progress bar (complete/failed counts of every worker, and the engine
+    launch under way with its phase, elapsed time and ETA). Only in a terminal and when `live`: piped output and
+    --json get no progress display."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from autotune.cli._progress import launch_progress
+
+    def resumed(e: SearchEvent) -> None:
+        if e.kind == "start" and e.done:
+            console.print(
+                f"Resuming study {e.study}: {e.done} of {e.target} trials already finished"
+                + (f", {e.running} running on other workers." if e.running else "."),
+                highlight=False, soft_wrap=True,
+            )
+
+    if not (live and console.is_terminal):
+        return search.run_scenario(scenario, resumed)
     with Progress(
         TextColumn(f"c={scenario.concurrency}"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[launch]}"),
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task("", total=search.target)
+        task = progress.add_task("", total=search.target, launch="")
 
         def on_event(e: SearchEvent) -> None:
-            if e.kind == "start" and e.done:
-                console.print(
-                    f"Resuming study {e.study}: {e.done} of {e.target} trials already finished"
-                    + (f", {e.running} running on other workers." if e.running else "."),
-                    highlight=False,
-                )
+            resumed(e)
             progress.update(task, completed=min(e.done, e.target), total=e.target, description=_states(e))
 
-        return search.run_scenario(scenario, on_event)
+        def show_launch(line: str | None) -> None:
+            progress.update(task, launch=f"\n  {line}" if line else "")
+
+        with launch_progress(console, enabled=True, show=show_launch):
+            return search.run_scenario(scenario, on_event)
 
 
 def _states(e: SearchEvent) -> str:
-    parts = [f"complete {e.complete}", f"failed {e.failed}", f"pruned {e.pruned}"]
+    parts = [f"ok {e.complete}", f"failed {e.failed}"]
+    if e.pruned:
+        parts.append(f"pruned {e.pruned}")
     if e.running:
         parts.append(f"running elsewhere {e.running}")
     return ", ".join(parts)
 
 
-def print_results(run: SearchRun, console: Console, store: Any) -> None:
-    """The results table, each scenario's rule and provenance, Pareto fronts, and where the recommendations went."""
-    from autotune.cli._tables import pareto_table, results_table
+def _say(console: Console, text: str, style: str | None = None) -> None:
+    """A note line: soft-wrapped (the terminal wraps it; piped output keeps it on one line to copy)."""
+    console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)
 
-    console.print(results_table(run))
+
+def print_results(run: SearchRun, console: Console, store: Any, *, wide: bool = False) -> None:
+    """The results table, each drafter's best, the rules and provenance once (per concurrency only where they
+    differ), Pareto fronts, what was stored and what to run next."""
+    from autotune.cli._tables import comparison_table, pareto_table, results_table
+
+    console.print()
+    console.print(results_table(run, wide=wide))
+    comparison = comparison_table(run, wide=wide)
+    if comparison is not None:
+        console.print()
+        console.print(comparison)
+    console.print()
+    for label, text in _per_scenario(run, lambda r: r.rule):
+        _say(console, f"Rule{label}: {text}.")
+    for label, text in _per_scenario(run, lambda r: r.best.provenance.describe()):
+        _say(console, f"Figures{label}: {text}.")
     for r in run.results:
-        console.print(f"  c={r.scenario.concurrency}: rule: {r.rule}.", highlight=False)
-        console.print(f"  c={r.scenario.concurrency}: {r.best.provenance.describe()}; study {r.study_name}"
-                      + (f" ({r.n_running} trials still running on other workers)" if r.n_running else ""),
-                      highlight=False)
+        c = f"c={r.scenario.concurrency}"
         if r.hypothetical:
-            console.print(f"  [yellow]c={r.scenario.concurrency}: {r.hypothetical}[/yellow]", highlight=False)
+            _say(console, f"{c}: {r.hypothetical}.", "yellow")
+        faster = r.faster_hypothetical
+        if faster is not None and r.best.output_tokens_per_s:
+            gain = faster.output_tokens_per_s / r.best.output_tokens_per_s - 1
+            _say(console, f"{c}: the HYPOTHETICAL {faster.drafter} ({faster.layers}L) is predicted {gain:.0%} faster "
+                 f"(K={faster.k}); not recommended: no checkpoint exists to serve it.", "yellow")
+        if r.n_running:
+            _say(console, f"{c}: {r.n_running} trials still running on other workers.")
         report = r.strategy_report
         if report.get("profiles"):
             error = report.get("prediction_error")
-            console.print(
-                f"  c={r.scenario.concurrency}: model-guided: predicted from {', '.join(report['profiles'].values())}; "
-                f"predicted best {report.get('predicted_best')}; {report.get('stop_reason')}"
-                + (f"; calibrated prediction error {error:.1%}" if error is not None else ""),
-                highlight=False,
-            )
+            _say(console, f"{c}: model-guided: predicted from {', '.join(report['profiles'].values())}; predicted "
+                 f"best {report.get('predicted_best')}; {report.get('stop_reason')}"
+                 + (f"; calibrated prediction error {error:.1%}" if error is not None else ""))
+        if wide:
+            _say(console, f"{c}: study {r.study_name}; trials {r.n_complete} ok, {r.n_failed} failed.")
+    if not wide:
+        counts = ", ".join(f"c={r.scenario.concurrency} {r.n_complete}/{r.n_failed}" for r in run.results)
+        engine = f"; engine launches: {sum(r.engine_launches for r in run.results)}" if run.launches_engines else \
+            "; no engine launched (predicted)"
+        _say(console, f"Trials ok/failed: {counts}{engine}. More: --wide, `peagle-tune show --studies`.")
     for r in run.results:
         if r.pareto:
-            console.print(pareto_table(r))
-    ids = ", ".join(f"#{r.recommendation_id}" for r in run.results if r.recommendation_id is not None)
-    if ids:
-        console.print(
-            f"Stored recommendation {ids} in {store!r}. Export the newest with "
-            "`peagle-tune export --format vllm-json` (or --recommendation ID).",
-            highlight=False,
-        )
+            console.print()
+            console.print(pareto_table(r, wide=wide, model=run.model))
+    _stored_lines(run, console, store)
+
+
+def _per_scenario(run: SearchRun, text_of: Callable[[ScenarioResult], str]) -> list[tuple[str, str]]:
+    """(label, text) once when every scenario says the same, else one per concurrency (label `` (c=8)``)."""
+    texts = [text_of(r) for r in run.results]
+    if len(set(texts)) <= 1:
+        return [("", texts[0])] if texts else []
+    return [(f" (c={r.scenario.concurrency})", t) for r, t in zip(run.results, texts, strict=True)]
+
+
+def _stored_lines(run: SearchRun, console: Console, store: Any) -> None:
+    """Where the recommendations went (or that an earlier run had stored them), and the export to run next."""
+    from autotune.cli._common import store_label
+
+    new = [r for r in run.results if r.recommendation_id is not None and not r.stored_before]
+    old = [r for r in run.results if r.recommendation_id is not None and r.stored_before]
+
+    def ids(rs: list[ScenarioResult]) -> str:
+        return ", ".join(f"#{r.recommendation_id} (c={r.scenario.concurrency})" for r in rs)
+
+    console.print()
+    if new:
+        _say(console, f"Stored recommendation{'s' if len(new) > 1 else ''} {ids(new)} in {store_label(store)}.")
+    if old:
+        _say(console, f"Already stored by an earlier run of the same study, same inputs and result: {ids(old)}; "
+             "nothing new stored.")
+    done = new + old
+    if not done:
+        return
+    if len(done) > 1:
+        top = max(done, key=lambda r: r.scenario.concurrency)
+        _say(console, f"Next: `peagle-tune export --concurrency {top.scenario.concurrency} --format vllm-json` for one "
+             "concurrency, or `peagle-tune export --format schedule` for one config whose K follows the batch size "
+             f"(covers batch sizes 1-{top.best.config.max_num_seqs}).")
+    else:
+        _say(console, "Next: `peagle-tune export --format vllm-json` (the --speculative-config JSON), or "
+             "--format yaml for `vllm serve --config`.")
 
 
 def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
@@ -278,6 +367,8 @@ def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
         "speedup_vs_published_k": r.speedup_over(r.published),
         "published_k": r.published.config.k if r.published else None,
         "pareto": [p.to_dict() for p in r.pareto],
+        "per_drafter": [row.to_dict() for row in r.per_drafter],
+        "stored_before": r.stored_before,
         "schedule": [dataclasses.asdict(e) for e in r.schedule],
         "class_policy": r.class_policy,
         "provenance": r.best.provenance.to_dict(),

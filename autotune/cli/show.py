@@ -13,15 +13,20 @@ from autotune.cli._common import (
     db_option,
     errors,
     open_store,
+    wide_console,
 )
 
 
 @click.command()
-@click.option("--recommendations/--no-recommendations", default=True, help="List recommendations.")
+@click.option("--recommendations/--no-recommendations", default=True, help="List recommendations (the default).")
 @click.option("--profiles", is_flag=True, help="List stored acceptance/step-cost profiles.")
-@click.option("--trials", "trials_study", default=None, help="List the trials of this study.")
+@click.option("--trials", "trials_study", default=None, metavar="STUDY", help="List the trials of this study.")
 @click.option("--studies", is_flag=True, help="List studies with trial counts.")
+@click.option("--simulations", is_flag=True, help="List stored simulations (peagle-tune simulate; predicted).")
+@click.option("--simulation", "simulation_study", default=None, metavar="STUDY",
+              help="Show one stored simulation's tables, as `peagle-tune simulate` printed them.")
 @click.option("--model", default=None, help="Only this model.")
+@click.option("--wide", is_flag=True, help="Full ids, GPU names and failure reasons (tables wider than 80 columns).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @db_option
 @errors
@@ -30,19 +35,25 @@ def show(
     profiles: bool,
     trials_study: str | None,
     studies: bool,
+    simulations: bool,
+    simulation_study: str | None,
     model: str | None,
+    wide: bool,
     as_json: bool,
     db_url: str | None,
 ) -> None:
     """Show stored recommendations, studies, trials and profiles.
 
+    \b
     Example:
-
-        peagle-tune show --studies
-
-        peagle-tune show --trials gpt-oss-120b-nvidia-h200-mt-bench-throughput-c8 --json
+      peagle-tune show
+      peagle-tune show --studies
+      peagle-tune show --trials STUDY --json
+      peagle-tune show --profiles --wide
+      peagle-tune show --simulations
     """
-    from autotune.cli._tables import records_table
+    from autotune.cli import _tables
+    from autotune.errors import NotFoundError
     from autotune.report import objective_directions
 
     store = open_store(db_url)
@@ -51,15 +62,46 @@ def show(
     payload: dict[str, Any] = {}
     if trials_study:
         payload["trials"] = [t.to_dict() for t in store.list_trials(study=trials_study)]
+        if not payload["trials"]:
+            raise NotFoundError(
+                f"No study named {trials_study!r} has trials stored. `peagle-tune show --studies` lists the studies."
+            )
+    elif simulation_study:
+        from autotune.simulate import load_simulation
+
+        payload["simulation"] = load_simulation(store, simulation_study)
+    elif simulations:
+        from autotune.simulate import list_simulations
+
+        payload["simulations"] = [s.to_dict() for s in list_simulations(store, model=model)]
     elif studies:
         studies_found = store.list_studies(directions=objective_directions())
-        payload["studies"] = [dict(s) if not hasattr(s, "to_dict") else s.to_dict() for s in studies_found]
+        payload["studies"] = [s.to_dict() if hasattr(s, "to_dict") else dict(s) for s in studies_found]
     elif profiles:
         payload["profiles"] = [p.to_dict() for p in store.list_profiles(model=model)]
     elif recommendations:
         payload["recommendations"] = [r.to_dict() for r in store.list_recommendations(model=model)]
+    if "simulation" in payload:
+        from autotune.cli.simulate import render
+
+        result = payload["simulation"]
+        click.echo(json.dumps({**result.to_dict(), "stored_as": simulation_study}, indent=2, default=str)
+                   if as_json else render(result))
+        return
     if as_json:
         click.echo(json.dumps(payload, indent=2, default=str))
         return
+    out = wide_console() if wide else console
     for key, rows in payload.items():
-        console.print(records_table(key, rows))
+        if key == "simulations":
+            from autotune.cli.simulate import simulations_view
+
+            out.print(simulations_view(rows, wide=wide))
+        elif key == "trials":
+            out.print(_tables.trials_view(str(trials_study), rows, wide=wide))
+        elif key == "studies":
+            out.print(_tables.studies_view(rows, wide=wide))
+        elif key == "profiles":
+            out.print(_tables.profiles_view(rows, wide=wide))
+        else:
+            out.print(_tables.recommendations_view(rows, wide=wide))

@@ -53,6 +53,8 @@ _CONFIG_COL = 30
 @click.option("--static-k", default=None, help="Static depths to include (default: 1..K_max).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--store/--no-store", "keep", default=True, show_default=True,
+              help="Store the result (as a study of predicted trials: `peagle-tune show --simulations`, `report`).")
 @db_option
 @errors
 def simulate(
@@ -78,6 +80,7 @@ def simulate(
     static_k: str | None,
     seed: int,
     as_json: bool,
+    keep: bool,
     db_url: str | None,
 ) -> None:
     """PREDICT serving with no speculation, static K, vLLM's batch-size schedule, the adaptive controller and the
@@ -93,6 +96,9 @@ def simulate(
         peagle-tune simulate --model gpt-oss-120b --gpu h200 --classes chat,code
         peagle-tune simulate --model gpt-oss-120b --gpu b200 --concurrency 64 --json
         peagle-tune simulate --profile 3 --workload fixture.jsonl --traces stats.json --autocorrelation auto
+        peagle-tune show --simulations && peagle-tune report --out report/
+
+    The result is stored (unless --no-store) as a study of predicted trials, one per config and load.
     """
     from autotune.errors import UsageError
     from autotune.simulate import (
@@ -130,10 +136,13 @@ def simulate(
     policy = load_policy(policy_file) if policy_file is not None else None
     kinds = [k.strip() for k in configs.split(",") if k.strip()]
     static_ks = int_list(static_k, "--static-k") if static_k else None
+    # Opened before simulating, so a database that cannot take the result is refused before the work.
+    store = open_store(db_url, writes=True) if keep else (open_store(db_url) if profile_id is not None else None)
 
     def build(rho: float) -> Any:
         if profile_id is not None:
-            record = open_store(db_url).get_profile(profile_id)
+            assert store is not None
+            record = store.get_profile(profile_id)
             return profile_setup(record, workloads, autocorrelation=rho, traces=traces, policy=policy, seed=seed)
         return gpu_setup(
             model or "", gpu, workloads, drafter=drafter, max_k=max_k, autocorrelation=rho, traces=traces,
@@ -163,14 +172,27 @@ def simulate(
     )
     if rho_note:
         result.warnings.append(rho_note)
+    result.settings["requests_per_phase"] = per_phase
+    study = None
+    if store is not None and keep:
+        from autotune.simulate import store_simulation
+
+        study = store_simulation(store, result)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        click.echo(json.dumps({**result.to_dict(), "stored_as": study}, indent=2, default=str))
         return
     click.echo(render(result, per_phase))
+    if study is not None:
+        err_console.print(f"Stored as study {study} (peagle-tune show --simulation {study}; peagle-tune report).",
+                          soft_wrap=True, highlight=False, markup=False)
 
 
-def render(result: Any, per_phase: int) -> str:
-    """The result as text at most 80 columns wide: header naming the sources, one table per workload and load."""
+def render(result: Any, per_phase: int | None = None) -> str:
+    """The result as text at most 80 columns wide: header naming the sources, one table per workload and load.
+
+    `per_phase`: requests per phase (default: the result's ``settings["requests_per_phase"]``, when stored)."""
+    if per_phase is None:
+        per_phase = result.settings.get("requests_per_phase")
     lines = ["PREDICTED by simulation (nothing here is measured)"]
 
     def field(name: str, value: str) -> None:
@@ -197,7 +219,8 @@ def render(result: Any, per_phase: int) -> str:
         lines.append("")
         load_text = f"{load} req/s" if rows[0].request_rate is not None else f"c={load}"
         phases = result.settings["workloads"][workload]
-        lines.append(f"{workload}, {load_text}: {len(phases)} phases ({', '.join(phases)}) x {per_phase} requests")
+        per = f" x {per_phase} requests" if per_phase else ""
+        lines.append(f"{workload}, {load_text}: {len(phases)} phases ({', '.join(phases)}){per}")
         lines.append(header)
         lines.append("-" * len(header))
         for r in rows:
@@ -232,3 +255,29 @@ def _ms(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def simulations_view(rows: list[dict[str, Any]], *, wide: bool = False) -> Any:
+    """Stored simulations (`StoredSimulation.to_dict` rows), each name whole on its own line so it can be copied
+    into ``show --simulation``; model, device, loads and size below it (acceptance and cost sources with --wide)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    if not rows:
+        return Text("No simulations stored yet: run `peagle-tune simulate --model MODEL --gpu GPU`.")
+    lines: list[Any] = [Text(f"Simulations ({len(rows)}), PREDICTED (nothing measured);\n"
+                             "show one with `peagle-tune show --simulation STUDY`:", style="bold")]
+    for row in rows:
+        loads = (f"{row.get('request_rate')} req/s" if row.get("request_rate") is not None
+                 else "c=" + ",".join(str(c) for c in row.get("concurrencies") or []))
+        model = str(row.get("model") or "?")
+        when = str(row.get("created_at") or "?")[:16].replace("T", " ")
+        lines.append(Text(f"  {row.get('study')}"))
+        lines.append(Text(f"    {model if wide else model.split('/')[-1]} on {row.get('device')}, {when}",
+                          style="dim"))
+        lines.append(Text(f"    {', '.join(row.get('workloads') or [])} at {loads}; "
+                          f"{len(row.get('configs') or [])} configs, {row.get('rows')} rows", style="dim"))
+        if wide:
+            lines.append(Text(f"    acceptance: {row.get('acceptance_source')}; step cost: "
+                              f"{row.get('step_cost_source')}", style="dim"))
+    return Group(*lines)

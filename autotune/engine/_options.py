@@ -132,12 +132,14 @@ def config_args(
     max_num_seqs: int | None = None,
     speculative_extra: Mapping[str, Any] | None = None,
     engine_paths: bool = True,
+    create_paths: bool = True,
 ) -> dict[str, Any]:
     """What `config` decides of vLLM's arguments, in the order exports print them: max_num_seqs,
     max_num_batched_tokens (when set), speculative_config (when speculating).
 
     ``engine_paths``: hand vLLM a neutral alias of a draft_model drafter whose path it would misread (for launches;
-    exports keep the user's path).
+    exports keep the user's path). ``create_paths=False`` names that alias without creating it (dry runs; the
+    launch creates it with `safe_draft_model_path`).
     """
     args: dict[str, Any] = {"max_num_seqs": config.max_num_seqs if max_num_seqs is None else max_num_seqs}
     if config.max_num_batched_tokens is not None:
@@ -146,7 +148,7 @@ def config_args(
     if spec is not None:
         if engine_paths and spec["method"] == "draft_model":
             # vLLM would run e.g. ~/peagle-tune/drafter as an EAGLE head; hand it a neutral alias.
-            spec["model"] = safe_draft_model_path(str(spec["model"]))
+            spec["model"] = safe_draft_model_path(str(spec["model"]), create=create_paths)
         spec.update(speculative_extra or {})
         args["speculative_config"] = spec
     return args

@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.engine._constants import RESULT_SHUTDOWN_GRACE_S
 from autotune.engine._failures import classify_failure, last_phase, phase_marks, read_log_tail
+from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions
 from autotune.engine._process import kill_process_group, own_returncode, poll_until, start_process_group
 from autotune.errors import BackendUnavailableError
@@ -29,6 +30,9 @@ from autotune.measurement import FailureKind, Provenance
 OFFLINE_JOB = "autotune.engine._offline"
 
 Progress = Callable[[str], None]
+
+#: What a launch of each job module is for, as progress lines name it (`autotune.engine.observe_launches`).
+LAUNCH_WHAT = {OFFLINE_JOB: "measurement", "autotune.profiling._worker": "profiling run"}
 
 
 def vllm_available() -> bool:
@@ -157,15 +161,17 @@ def run_worker(
     tick = _phase_reporter(log_path, progress)
     started = time.perf_counter()
     deadline = time.monotonic() + options.timeout_s
-    proc = start_process_group(cmd, log_path, options.process_env(extra_env))
-    try:
-        outcome = poll_until(result_path.exists, proc, deadline, on_tick=tick)
-        if outcome == "done":  # the result is in; give the engine a bounded time to shut down
-            grace_end = min(deadline, time.monotonic() + shutdown_grace_s)
-            outcome = poll_until(lambda: False, proc, grace_end)
-        returncode = own_returncode(proc, outcome)
-    finally:
-        kill_process_group(proc)
+    with watch_launch(LAUNCH_WHAT.get(module, "engine run"), log_path, options.timeout_s) as watched:
+        proc = start_process_group(cmd, log_path, options.process_env(extra_env))
+        try:
+            outcome = poll_until(result_path.exists, proc, deadline, on_tick=tick)
+            watched["ok"] = outcome == "done"
+            if outcome == "done":  # the result is in; give the engine a bounded time to shut down
+                grace_end = min(deadline, time.monotonic() + shutdown_grace_s)
+                outcome = poll_until(lambda: False, proc, grace_end)
+            returncode = own_returncode(proc, outcome)
+        finally:
+            kill_process_group(proc)
     tick()
     has_result = result_path.exists()
     raw: dict[str, Any] = json.loads(result_path.read_text()) if has_result else {"ok": False}

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.engine._client import PhaseLog, ServeRequestError, measure_over_http
 from autotune.engine._constants import HEALTH_POLL_S, LOOPBACK, SERVER_SHUTDOWN_GRACE_S
+from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions, serve_argv
 from autotune.engine._process import free_port, is_healthy, kill_process_group, poll_until, start_process_group
 from autotune.engine._runs import LaunchResult
@@ -33,13 +34,30 @@ def run_serve(job: Mapping[str, Any], run_dir: Path, options: EngineOptions) -> 
     """
     log_path = run_dir / "engine.log"
     mark = PhaseLog(log_path)
-    timings: dict[str, float] = {}
     port = free_port()
     base = f"http://{LOOPBACK}:{port}"
     cmd = serve_argv(str(job["model"]), job["engine_kwargs"], port=port)
     started = time.perf_counter()
     deadline = time.monotonic() + options.timeout_s
     mark("load")
+    with watch_launch("serve measurement", log_path, options.timeout_s) as watched:
+        proc, raw, returncode, timed_out = _serve_and_measure(job, cmd, base, deadline, started, mark, options)
+        watched["ok"] = bool(raw.get("ok"))
+    return LaunchResult(raw, proc.pid, returncode, timed_out, log_path, started, options.timeout_s)
+
+
+def _serve_and_measure(
+    job: Mapping[str, Any],
+    cmd: list[str],
+    base: str,
+    deadline: float,
+    started: float,
+    mark: PhaseLog,
+    options: EngineOptions,
+) -> tuple[Any, dict[str, Any], int | None, bool]:
+    """Start the server, wait for health, measure; (process, raw report, own exit status, timed out)."""
+    log_path = mark.log_path
+    timings: dict[str, float] = {}
     proc = start_process_group(cmd, log_path, options.process_env(_SERVER_ENV))
     failure: dict[str, Any] = {"ok": False, "phase": "load", "exc_type": None, "exc_types": [], "message": ""}
     returncode: int | None = None
@@ -72,4 +90,4 @@ def run_serve(job: Mapping[str, Any], run_dir: Path, options: EngineOptions) -> 
                 }
     finally:
         kill_process_group(proc, grace_s=SERVER_SHUTDOWN_GRACE_S)
-    return LaunchResult(raw, proc.pid, returncode, timed_out, log_path, started, options.timeout_s)
+    return proc, raw, returncode, timed_out

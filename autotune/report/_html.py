@@ -75,6 +75,13 @@ SECTION_HELP: dict[str, str] = {
         "Each dot is a configuration of a multi-objective study; the gold diamonds form the Pareto front, where no "
         "other configuration is better on both axes. Choose along the front by your latency budget."
     ),
+    "Simulated serving against concurrency": (
+        "PREDICTED by `peagle-tune simulate`, not measured: a step-by-step simulation of continuous batching on the "
+        "GPU named, with step times from a cost model and acceptance from the source named under the figure. Left: "
+        "output tokens/s per config as concurrency grows; right: TPOT p50. One row per workload shape (shifting: "
+        "each class alone, then mixed; stationary: mixed throughout). The dashed grey line is no speculation; the "
+        "dotted black one is the per-phase oracle (each phase served by its best static config)."
+    ),
 }
 
 _CSS = """

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from autotune.report._series import AcceptanceData, GoodputData, StepCostData, StudyData
+from autotune.report._series import AcceptanceData, GoodputData, SimulationData, StepCostData, StudyData
 
 DPI = 110
 _SHAPES = ("o", "s", "^", "D", "v", "P", "X", "h")
@@ -54,6 +54,12 @@ def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float, 
 
 def _tag(measured: bool) -> str:
     return "MEASURED" if measured else "PREDICTED"
+
+
+def _study_tag(data: StudyData) -> str:
+    """The tag of a study's figures, like the other figures': ``[MEASURED] ``, ``[PREDICTED] ``, ..."""
+    tag = {"measured": "MEASURED", "predicted": "PREDICTED", "mixed": "MEASURED + PREDICTED"}.get(data.kind)
+    return f"[{tag}] " if tag else ""
 
 
 def plot_acceptance(data: AcceptanceData, path: Path) -> Path:
@@ -284,8 +290,8 @@ def plot_trials(data: StudyData, path: Path) -> Path:
     n_bad = len(bad)
     head = f"{data.study} ({data.scenario}): {len(done)} complete, {n_bad} without value"
     direction = data.directions.get(objective, "maximize")
-    return _finish(fig, f"Trials: {head}", f"Objective: {objective} ({direction}). {data.caption}", path,
-                   width_in=12)
+    return _finish(fig, f"{_study_tag(data)}Trials: {head}", f"Objective: {objective} ({direction}). {data.caption}",
+                   path, width_in=12)
 
 
 def plot_pareto(data: StudyData, path: Path) -> Path:
@@ -327,8 +333,60 @@ def plot_pareto(data: StudyData, path: Path) -> Path:
     ax.set_ylabel(f"{metric_label(b)} ({_better(data.directions[b])})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _finish(fig, f"Pareto front: {data.study} ({data.scenario})", data.caption, path, width_in=11)
+    return _finish(fig, f"{_study_tag(data)}Pareto front: {data.study} ({data.scenario})", data.caption, path,
+                   width_in=11)
 
+
+def plot_simulation(data: SimulationData, path: Path) -> Path:
+    """Predicted output tokens/s (left) and TPOT p50 (right) against concurrency, one line per config, one row of
+    panels per workload shape; tagged PREDICTED (simulate) with the model and the GPU assumed."""
+    plt = _pyplot()
+    from matplotlib import colormaps
+
+    rows = len(data.workloads)
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 3.6 * rows + 0.8), squeeze=False)
+    # No speculation and the oracle frame the plot; static depths shade from dark (small K) to light (large K),
+    # thin; the schedule and the adaptive configs get bold colours of their own.
+    styles: dict[str, tuple[Any, str, str, float]] = {"none": ("0.35", "--", "o", 1.4),
+                                                       "oracle": ("black", ":", "*", 1.4)}
+    statics = [c for c in data.configs if data.kinds.get(c) == "static"]
+    bold = [c for c in data.configs if data.kinds.get(c) not in ("none", "oracle", "static")]
+    viridis = colormaps["viridis"]
+    for i, c in enumerate(statics):
+        styles[c] = (viridis(0.85 * i / max(len(statics) - 1, 1)), "-", "o", 0.9)
+    for i, c in enumerate(bold):
+        styles[c] = (_BOLD_COLORS[i % len(_BOLD_COLORS)], "-", "s", 2.2)
+    concurrencies = sorted({c for pts in data.tokens_per_s.values() for c, _ in pts})
+    panels = ((data.tokens_per_s, "output tokens/s (higher is better)"),
+              (data.tpot_ms_p50, "TPOT p50, ms (lower is better)"))
+    legend: dict[str, Any] = {}
+    for r, workload in enumerate(data.workloads):
+        for col, (series, ylabel) in enumerate(panels):
+            ax = axes[r][col]
+            for config in data.configs:
+                pts = series.get((workload, config))
+                if not pts:
+                    continue
+                color, ls, marker, lw = styles.get(config) or styles.get(data.kinds.get(config, ""), styles["none"])
+                xs, ys = zip(*pts, strict=True)
+                line = ax.plot(xs, ys, color=color, ls=ls, marker=marker, markersize=7 if marker == "*" else 4,
+                               lw=lw)[0]
+                legend.setdefault(config, line)
+            if len(concurrencies) > 1:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(concurrencies)
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xlabel("concurrency (requests in flight, closed loop)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{workload}: {'tokens/s' if col == 0 else 'TPOT p50'}", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+    ordered = [c for c in data.configs if c in legend]
+    axes[0][1].legend([legend[c] for c in ordered], ordered, title="config (simulated)", fontsize=8, title_fontsize=8,
+                      loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _finish(fig, f"[PREDICTED (simulate)] {data.title}", data.caption, path, width_in=12)
+
+
+_BOLD_COLORS = ("tab:red", "tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan")
 
 _GROUP_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                  "tab:cyan", "tab:red")

@@ -24,6 +24,7 @@ SECTIONS = (
     "Predicted tokens/s against K",
     "Search trials",
     "Pareto fronts",
+    "Simulated serving against concurrency",
 )
 
 
@@ -121,6 +122,15 @@ class _Builder:
         else:
             self.section.notes.append(f"No predicted tokens/s figure: {why}.")
 
+    def simulation(self, name: str, trials: Sequence[TrialRecord]) -> None:
+        """A stored simulation (peagle-tune simulate): tokens/s and TPOT p50 against concurrency per config."""
+        data, why = series.simulation_data(name, trials)
+        if data is None:
+            self.section.notes.append(f"No simulation figure: {why}.")
+            return
+        self.add("Simulated serving against concurrency", f"simulation-{name}", plots.plot_simulation, data,
+                 "predicted", data.caption)
+
     def study(self, name: str, trials: Sequence[TrialRecord]) -> None:
         recs = [r for r in self.section.recommendations if r.study == name]  # newest first
         data = series.study_data(
@@ -194,7 +204,10 @@ def write_report(
             if t.model == name:
                 by_study.setdefault(t.study, []).append(t)
         for study in sorted(by_study, key=lambda s: _study_order(by_study[s])):
-            builder.study(study, by_study[study])
+            if series.is_simulation_study(by_study[study]):
+                builder.simulation(study, by_study[study])
+            else:
+                builder.study(study, by_study[study])
         sections.append(builder.section)
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     index.write_text(render_page(sections, db=mask_password(store.url), generated=generated), encoding="utf-8")

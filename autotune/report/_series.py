@@ -128,6 +128,8 @@ class StudyData:
     """The config the study's stored recommendation chose (None: no recommendation names this study)."""
     slos: dict[str, float] = field(default_factory=dict)
     """Service-level limits of the study, metric name -> ms (e.g. {"tpot_ms_p99": 12.0})."""
+    kind: str = "unknown"
+    """Where the trials' figures come from: "measured", "predicted", "mixed" or "unknown" (the figures' tag)."""
 
     @property
     def multi_objective(self) -> bool:
@@ -646,6 +648,7 @@ def study_data(
         concurrency=int(conc) if conc and not rate else None,
         recommended=recommended,
         slos=dict(slos or {}),
+        kind=kinds[0] if len(kinds) == 1 else "mixed",
     )
 
 
@@ -678,3 +681,104 @@ def slos_of(recommendation: RecommendationRecord) -> dict[str, float]:
         if isinstance(value, int | float) and math.isfinite(value):
             out[metric] = float(value)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ simulations
+
+
+@dataclass(frozen=True)
+class SimulationData:
+    """One stored simulation (``peagle-tune simulate``): predicted tokens/s and TPOT p50 against concurrency, one
+    line per config, one row of panels per workload shape. Closed-loop rows only (an open-loop run has no
+    concurrency axis)."""
+
+    study: str
+    title: str
+    caption: str
+    model: str
+    device: str
+    workloads: list[str]
+    configs: list[str]
+    """Config labels in the order simulated (no speculation first, the per-phase oracle last)."""
+    tokens_per_s: dict[tuple[str, str], list[tuple[int, float]]]
+    """(workload, config) -> [(concurrency, output tokens/s)], by concurrency."""
+    tpot_ms_p50: dict[tuple[str, str], list[tuple[int, float]]]
+    """(workload, config) -> [(concurrency, TPOT p50 in ms)]; the oracle has none (computed, not simulated)."""
+    kinds: dict[str, str] = field(default_factory=dict)
+    """config label -> kind ("none", "static", "schedule", "adaptive", "oracle")."""
+
+
+SCHEDULE_LINE = "vLLM batch-size schedule"
+"""The one line of a simulation's schedule rows (each row's label spells its own schedule)."""
+
+
+def is_simulation_study(trials: Sequence[TrialRecord]) -> bool:
+    """Whether a study's trials are the rows of a stored simulation (backend "simulate") rather than a search."""
+    from autotune.simulate import SIMULATE_BACKEND
+
+    return bool(trials) and all(t.backend == SIMULATE_BACKEND for t in trials)
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _finite_number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def simulation_data(study: str, trials: Sequence[TrialRecord]) -> tuple[SimulationData | None, str]:
+    """A stored simulation's rows as plot series, or (None, why not). Never raises on odd rows: a row without a
+    label, workload, concurrency or value is left out."""
+    tps: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    tpot: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    workloads: list[str] = []
+    configs: list[str] = []
+    kinds: dict[str, str] = {}
+    for t in trials:
+        label, workload = t.config.get("label"), t.scenario.get("workload")
+        c = _positive_int(t.scenario.get("concurrency"))
+        if not isinstance(label, str) or not isinstance(workload, str) or c is None:
+            continue
+        if t.config.get("kind") == "schedule":
+            label = SCHEDULE_LINE  # its label names the schedule, which changes with max_num_seqs: one line
+        value = _finite_number(t.values.get("output_tokens_per_s"))
+        if value is None:
+            continue
+        if workload not in workloads:
+            workloads.append(workload)
+        if label not in configs:
+            configs.append(label)
+        kinds.setdefault(label, str(t.config.get("kind") or "?"))
+        tps.setdefault((workload, label), []).append((c, value))
+        latency = _finite_number(t.values.get("tpot_ms_p50"))
+        if latency is not None:
+            tpot.setdefault((workload, label), []).append((c, latency))
+    if not tps:
+        return None, f"simulation {study} has no closed-loop rows with a tokens/s value (an open-loop run?)"
+    first = trials[0]
+    header = first.metrics.get("simulation")
+    header = header if isinstance(header, dict) else {}
+    device = str(header.get("device") or first.provenance.get("device") or "an unknown device")
+    drafter = header.get("drafter")
+    drafter_text = f", drafter {_one_line(drafter)}" if drafter else ""
+    caption = (
+        f"Simulated serving (peagle-tune simulate; nothing measured): {_one_line(first.model)}{drafter_text} on "
+        f"{_one_line(device)} (GPU assumed). Acceptance: {_one_line(header.get('acceptance_source') or '?')}. "
+        f"Step cost: {_one_line(header.get('step_cost_source') or '?')}. Study {study}, stored "
+        f"{_date(first.created_at)}. TPOT p50 per request; the per-phase oracle is computed from the static "
+        "configs' phase times and has no TPOT."
+    )
+    return SimulationData(
+        study=study,
+        title=f"Simulated serving: {short_name(first.model)} on {_one_line(device)}",
+        caption=caption,
+        model=first.model,
+        device=device,
+        workloads=workloads,
+        configs=configs,
+        tokens_per_s={k: sorted(v) for k, v in tps.items()},
+        tpot_ms_p50={k: sorted(v) for k, v in tpot.items()},
+        kinds=kinds,
+    ), ""

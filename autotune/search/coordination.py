@@ -28,12 +28,21 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import StudyStorageError
 from autotune.search.trials import trial_info
-from store import mask_password
+from store import database_error, mask_password
 
 log = logging.getLogger(__name__)
 
 #: Retries of a trial whose worker died (a config that kills its worker every time is not tried forever).
 MAX_RETRIES = 2
+#: What the storage raises when its database fails: SQLAlchemy's errors, and Optuna's StorageInternalError, which
+#: wraps them and blames "invalid data in the commit" whatever the cause (a lock, a full disk, a damaged file).
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, optuna.exceptions.StorageInternalError)
+
+
+def storage_error(exc: BaseException, url: str, option: str = "--storage") -> StudyStorageError:
+    """One line for a failure of the study storage at `url` (chosen with `option`): the real cause, found under
+    Optuna's wrapper, in the store's words (locked, damaged, full, unreachable), password masked."""
+    return StudyStorageError(f"Study storage: {database_error(exc, url, option=option)}")
 
 
 def _boot_id() -> str:
@@ -176,27 +185,33 @@ class Heartbeat(AbstractContextManager["Heartbeat"]):
         self._thread.join()
 
 
-def open_storage(url: str, heartbeat_interval: int = 60, grace_period: int | None = None) -> optuna.storages.RDBStorage:
+def open_storage(
+    url: str, heartbeat_interval: int = 60, grace_period: int | None = None, option: str = "--storage"
+) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage for `url`, with heartbeats (a trial whose worker stops beating for `grace_period`
     seconds, default 2 x interval, becomes FAIL and is re-queued up to `MAX_RETRIES` times).
 
-    SQLite files get a 30 s lock timeout and ``synchronous=NORMAL`` (WAL keeps every committed trial across a process
-    crash; only an OS crash can lose the last commits), which makes each trial's commits cheap. Workers starting
-    together on a fresh database would race to create Optuna's tables, so this runs under a claim lock.
+    SQLite files get a 30 s lock timeout (or the URL's ``?timeout=SECONDS``, as for the store) and
+    ``synchronous=NORMAL`` (WAL keeps every committed trial across a process crash; only an OS crash can lose the last
+    commits), which makes each trial's commits cheap. Workers starting together on a fresh database would race to
+    create Optuna's tables, so this runs under a claim lock.
     """
     setup_lock = ClaimLock(url, "optuna-schema")
     try:
         with setup_lock:
-            return _open_storage(url, heartbeat_interval, grace_period)
+            return _open_storage(url, heartbeat_interval, grace_period, option)
     finally:
         setup_lock.close()
 
 
-def _open_storage(url: str, heartbeat_interval: int, grace_period: int | None) -> optuna.storages.RDBStorage:
+def _open_storage(
+    url: str, heartbeat_interval: int, grace_period: int | None, option: str
+) -> optuna.storages.RDBStorage:
     parsed = make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
     memory = sqlite and (parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed.database))
-    engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if sqlite else {"pool_pre_ping": True}
+    timeout_s = _lock_timeout_s(parsed.query.get("timeout"))
+    engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": timeout_s}} if sqlite else {"pool_pre_ping": True}
     if memory:
         # One shared connection, or every pooled connection would see its own empty database (the study lives
         # as long as this storage: in-memory studies cannot be resumed).
@@ -215,7 +230,9 @@ def _open_storage(url: str, heartbeat_interval: int, grace_period: int | None) -
                     max_retry=MAX_RETRIES
                 ),
             )
-        except (SQLAlchemyError, ImportError, RuntimeError, ValueError) as exc:
+        except STORAGE_ERRORS as exc:
+            raise storage_error(exc, url, option) from exc
+        except (ImportError, RuntimeError, ValueError) as exc:
             raise StudyStorageError(
                 f"Cannot open the Optuna storage {mask_password(url)}: {str(exc).splitlines()[0]}. Check --storage "
                 "(a SQLAlchemy URL such as postgresql://user@host/db; the database must exist and be reachable) or "
@@ -225,13 +242,23 @@ def _open_storage(url: str, heartbeat_interval: int, grace_period: int | None) -
 
         def _pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={round(timeout_s * 1000)}")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
 
         event.listen(storage.engine, "connect", _pragmas)
         storage.engine.dispose()  # reconnect with the pragmas
     return storage
+
+
+def _lock_timeout_s(value: Any) -> float:
+    """Seconds a SQLite storage waits for another writer's lock: the URL's ``?timeout=`` (checked by the store when
+    the URL is --db), else 30."""
+    try:
+        seconds = float(value) if isinstance(value, str) else 30.0
+    except ValueError:
+        return 30.0
+    return seconds if 0 <= seconds <= 3600 else 30.0
 
 
 def fail_orphans(

@@ -45,7 +45,7 @@ def _drafter_names(name: str) -> list[str]:
         from autotune.engine import safe_draft_model_path
 
         resolved = str(Path(name).expanduser().resolve())
-        out += [resolved, safe_draft_model_path(resolved)]
+        out += [resolved, safe_draft_model_path(resolved, create=False)]  # a name to look up; no link needed
     return list(dict.fromkeys(out))
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.trials import counted, trial_info
 from autotune.spec import Scenario, SpecConfig
-from store import InvalidRecordError, Store
+from store import DuplicateRecordError, Store
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,19 @@ class TrialRecorder:
         provenance: Mapping[str, Any],
         failure: str | None,
     ) -> None:
-        """Store one finished trial (once: a trial another worker stored already is skipped)."""
+        """Store one finished trial (once: a trial another worker stored already is skipped).
+
+        The store refuses NaN and infinity (PostgreSQL's JSON cannot hold them), and Optuna keeps a trial whose value
+        is infinite, so such numbers are stored as null and named in ``metrics["non_finite"]``: the trial is in our
+        table exactly when it is in Optuna's. Any other refusal by the store is raised.
+        """
+        named = dict(zip(self.value_names, values, strict=False))
+        finite = {k: v for k, v in named.items() if math.isfinite(v)}
+        non_finite = [f"values.{k}={v!r}" for k, v in named.items() if k not in finite]
+        clean_metrics = _finite(dict(metrics), "metrics", non_finite)
+        clean_provenance = _finite(dict(provenance), "provenance", non_finite)
+        if non_finite:
+            clean_metrics["non_finite"] = non_finite
         try:
             self.store.add_trial(
                 study=self.study,
@@ -43,14 +56,14 @@ class TrialRecorder:
                 model=self.model,
                 config=config.to_dict(),
                 scenario=self.scenario.to_dict(),
-                values=dict(zip(self.value_names, values, strict=False)),
-                metrics=dict(metrics),
+                values=finite,
+                metrics=clean_metrics,
                 status=status,
                 failure_reason=failure,
                 backend=str(provenance.get("backend", "?")),
-                provenance=dict(provenance),
+                provenance=clean_provenance,
             )
-        except InvalidRecordError:
+        except DuplicateRecordError:
             pass  # another worker (or an earlier run) stored it already
 
     def sync(self, trials: Sequence[FrozenTrial]) -> None:
@@ -65,3 +78,15 @@ class TrialRecorder:
                 t.number, SpecConfig.from_dict(info["config"]), info["status"], values, info.get("metrics", {}),
                 info.get("provenance") or {}, info.get("failure"),
             )
+
+
+def _finite(value: Any, where: str, found: list[str]) -> Any:
+    """`value` with every NaN/infinite float replaced by None; each one's path is appended to `found`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(f"{where}={value!r}")
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v, f"{where}.{k}", found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, f"{where}[{i}]", found) for i, v in enumerate(value)]
+    return value

@@ -4,6 +4,11 @@ Picking: the best feasible trial (highest tokens/s, or lowest TPOT p50 for laten
 highest-throughput point for pareto); ties within 0.1% go to the smallest K, then max_num_seqs closest to the
 concurrency, which serve the same with less verification work and memory. When no trial meets the SLOs the one
 closest to them (smallest total violation) is shown and marked infeasible: it is never recommended.
+
+Hypothetical drafters (unreleased layer variants, predicted only) take part in the search so the comparison can
+answer "would a 2-layer head be faster?", but a recommendation is something vLLM can load: it is picked among
+released drafters whenever one of them meets the SLOs, and falls to a hypothetical one only when none does (or
+the space holds nothing else). `ScenarioResult.per_drafter` keeps every variant's best config either way.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.backends.compare import DrafterBest, TrialOutcome, per_drafter
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
 from autotune.search.objective import Objective, measurement_metrics
@@ -86,6 +92,12 @@ class ScenarioResult:
     schedule: list[ScheduleEntry] = field(default_factory=list)
     class_policy: dict[str, dict[str, int]] = field(default_factory=dict)
     recommendation_id: int | None = None
+    per_drafter: list[DrafterBest] = field(default_factory=list)
+    """The best config of every drafter variant searched (drafter, layers, parallel drafting, hypothetical), fastest
+    first, with speedups over no speculation and over the best plain EAGLE-3 head (`autotune.backends.compare`)."""
+    stored_before: bool = False
+    """The recommendation was already stored by an earlier run of the same study with the same result, so this run
+    reported that one (`recommendation_id`) instead of storing a duplicate."""
 
     @property
     def n_complete(self) -> int:
@@ -121,7 +133,19 @@ class ScenarioResult:
         if self.hypothetical:
             metrics["hypothetical_drafter"] = True
             metrics["hypothetical_note"] = self.hypothetical
+        if self.per_drafter:
+            metrics["per_drafter"] = [r.to_dict() for r in self.per_drafter]
         return metrics
+
+    @property
+    def faster_hypothetical(self) -> DrafterBest | None:
+        """A hypothetical variant predicted faster than the recommended config (which had to be a released drafter),
+        or None. Shown as a what-if: no checkpoint exists to serve it."""
+        if self.hypothetical or not self.feasible or not self.best.output_tokens_per_s:
+            return None
+        bar = self.best.output_tokens_per_s * (1 + TIE)
+        faster = [r for r in self.per_drafter if r.hypothetical and r.output_tokens_per_s > bar]
+        return faster[0] if faster else None
 
 
 def rule(objective: Objective, feasible: bool) -> str:
@@ -176,6 +200,77 @@ def pick(
     return min(tied, key=_tie_key(scenario, config_of)), True
 
 
+def pick_released(
+    objective: Objective,
+    complete: Sequence[FrozenTrial],
+    front: Sequence[FrozenTrial],
+    scenario: Scenario,
+    space: SearchSpace,
+    config_of: ConfigOf,
+) -> tuple[FrozenTrial, bool]:
+    """`pick`, preferring released drafters: when the space mixes released and hypothetical drafters, the best trial
+    whose drafter has a checkpoint (or that does not speculate) if one meets the SLOs; otherwise `pick` over every
+    trial (a hypothetical drafter then comes labelled)."""
+
+    def released(t: FrozenTrial) -> bool:
+        config = config_of(t)
+        return config is not None and space.hypothetical(config) is None
+
+    def released_drafter(t: FrozenTrial) -> bool:
+        config = config_of(t)
+        return config is not None and config.speculative and space.hypothetical(config) is None
+
+    pool = [t for t in complete if released(t)]
+    # Only a choice between drafters: a space of hypothetical drafters alone is searched for them, not for no-spec.
+    if len(pool) < len(complete) and any(released_drafter(t) for t in pool):
+        pool_front = [t for t in front if released(t)]
+        if objective.multi and not pool_front:
+            pool_front = _nondominated([t for t in pool if feasible(t) and t.values is not None], objective)
+        chosen, ok = pick(objective, pool, pool_front, scenario, config_of)
+        if ok:
+            return chosen, ok
+    return pick(objective, complete, front, scenario, config_of)
+
+
+def _nondominated(trials: Sequence[FrozenTrial], objective: Objective) -> list[FrozenTrial]:
+    """The trials no other trial beats on every objective value (the Pareto front of `trials`)."""
+    signs = [1.0 if d == "maximize" else -1.0 for d in objective.directions]
+
+    def vec(t: FrozenTrial) -> list[float]:
+        return [s * float(v) for s, v in zip(signs, t.values, strict=False)]
+
+    out = []
+    for t in trials:
+        mine = vec(t)
+        if not any(
+            all(a >= b for a, b in zip(vec(u), mine, strict=True)) and vec(u) != mine for u in trials if u is not t
+        ):
+            out.append(t)
+    return out
+
+
+def drafter_comparison(
+    objective: Objective, complete: Sequence[FrozenTrial], space: SearchSpace, config_of: ConfigOf
+) -> list[DrafterBest]:
+    """Every drafter variant's best config among `complete` (`autotune.backends.compare.per_drafter`), ranked by the
+    objective: lowest TPOT p50 for latency, else highest tokens/s; trials meeting the SLOs first."""
+    outcomes = []
+    for t in complete:
+        info = trial_info(t)
+        config = config_of(t)
+        if info.get("duplicate_of") is not None or config is None:
+            continue
+        outcomes.append(
+            TrialOutcome.from_metrics(
+                config, info.get("metrics") or {}, hypothetical=space.hypothetical(config) is not None,
+                feasible=feasible(t),
+            )
+        )
+    if objective.name == "latency":
+        return per_drafter(outcomes, score=lambda o: -(o.tpot_ms if o.tpot_ms is not None else float("inf")))
+    return per_drafter(outcomes)
+
+
 def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
     return min(complete, key=lambda t: (violation(t), t.number))
 
@@ -224,7 +319,7 @@ def summarize(
             f"(see `peagle-tune show --trials {study.study_name}`) and run again."
         )
     front = pareto_front(study, config_of) if objective.multi else []
-    chosen, ok = pick(objective, complete, front, scenario, config_of)
+    chosen, ok = pick_released(objective, complete, front, scenario, space, config_of)
     config = config_of(chosen)
     assert config is not None
     best = trial_measurement(chosen) or measure(config)
@@ -254,6 +349,7 @@ def summarize(
             "cannot serve it" if hypo else None
         ),
         constraints=dict(chosen.constraints),
+        per_drafter=drafter_comparison(objective, complete, space, config_of),
     )
 
 

@@ -11,7 +11,9 @@ Two steps, so the caller can show the notes before anything is measured::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,9 @@ ScenarioRunner = Callable[[Search, Scenario], ScenarioResult]
 class SearchOptions:
     """Everything `peagle-tune search` takes. `space` holds the CLI's space options (None: not given); they override
     `space_file`, which overrides the defaults (K in [1, 8], max_num_seqs around each concurrency, vLLM's default
-    max_num_batched_tokens, parallel drafting auto, no hypothetical drafters)."""
+    max_num_batched_tokens, parallel drafting auto; with the catalog's drafters on the model backend, which can
+    predict them, their hypothetical layer variants too, so 2- vs 4-layer heads are compared; never with the vllm
+    backend)."""
 
     model: str
     gpu: str | None = None
@@ -107,10 +111,47 @@ class SearchPlan:
         results: list[ScenarioResult] = []
         for search, scenario in self.searches:
             result = run_scenario(search, scenario) if run_scenario else search.run_scenario(scenario)
-            search.recommend(result, self.environment)
+            if not _report_stored(search, result, self.environment):
+                search.recommend(result, self.environment)
             results.append(result)
         return SearchRun(results, self.model, self.workload.name, self.device, self.backend.name, self.objective,
                          self.strategy.name, self.notes, self.backend.capabilities.launches_engines)
+
+
+def _comparable(value: Any) -> Any:
+    """`value` as the store's JSON columns give it back (tuples as lists, non-JSON values as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _report_stored(search: Search, result: ScenarioResult, environment: dict[str, Any]) -> bool:
+    """Re-running a finished search (same inputs, same study, nothing new measured) finds the result it stored last
+    time: point `result` at that recommendation instead of storing a duplicate. True when it did."""
+    if not result.feasible:
+        return False
+    wanted = {
+        "model": search.model,
+        "gpu": search.device,
+        "vllm_version": environment.get("vllm_version"),
+        "workload_hash": search.workload.content_hash(),
+        "objective": search.objective.name,
+        "scenario": result.scenario.to_dict(),
+        "best_config": result.best.config.to_dict(),
+        "metrics": result.recommendation_metrics(),
+        "provenance": result.best.provenance.to_dict(),
+        "pareto": [p.to_dict() for p in result.pareto],
+        "schedule": [dataclasses.asdict(e) for e in result.schedule],
+        "class_policy": result.class_policy,
+    }
+    stored = [r for r in search.store.list_recommendations(model=search.model) if r.study == result.study_name]
+    if not stored:
+        return False
+    newest = stored[0]  # list_recommendations is newest first
+    have = newest.to_dict()
+    if any(_comparable(have.get(key)) != _comparable(value) for key, value in wanted.items()):
+        return False
+    result.recommendation_id = newest.id
+    result.stored_before = True
+    return True
 
 
 def vllm_importable() -> bool:
@@ -208,6 +249,8 @@ def _backend(kind: str, spec: Any, gpu_name: str | None, notes: list[str]) -> tu
         gpu = get_gpu(gpu_name) if gpu_name else default_gpu()
         if not gpu_name:
             notes.append(f"No --gpu given: assumed {gpu.display_name}.")
+        elif gpu_name.strip().lower() != gpu.key:
+            notes.append(f"--gpu {gpu_name.strip()!r} is the catalog's {gpu.key} ({gpu.display_name}).")
         return ModelBackend(spec, gpu), {"device": gpu.display_name, "vllm_version": None}
     from autotune.backends.vllm import VLLMBackend
     from autotune.environment import detect_environment
@@ -252,7 +295,12 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     kind, why = choose_backend(options.backend, spec.local_path)
     notes: list[str] = []
     backend, environment = _backend(kind, spec, options.gpu, notes)
-    specs = _drafter_specs(spec.name, spec_space.drafters, bool(spec_space.include_hypothetical))
+    include = spec_space.include_hypothetical
+    if include is None:
+        # The catalog's drafters on a backend that predicts: their layer variants too, so 2 vs 4 layers is compared.
+        # Drafters named with --drafter are searched as named.
+        include = backend.capabilities.predicts and not spec_space.drafters
+    specs = _drafter_specs(spec.name, spec_space.drafters, include)
     if backend.capabilities.predicts:
         specs = _predictable(specs, spec.name, notes)
     drafters = [_choice(d) for d in specs]
@@ -265,8 +313,10 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         )
     if hypothetical:
         notes.append(
-            f"Including HYPOTHETICAL drafters {', '.join(hypothetical)}: unreleased layer variants whose acceptance "
-            "is scaled from the published head; no checkpoint exists, so vLLM cannot serve them."
+            f"Also comparing HYPOTHETICAL drafters {', '.join(hypothetical)}: unreleased heads and layer variants "
+            "whose acceptance is derived from the paper's layer ablation (P-EAGLE paper Tables 4 and 11). No "
+            "checkpoint exists, so vLLM cannot serve them: they are recommended only when no released drafter "
+            "qualifies."
         )
     notes.insert(0, f"Backend: {kind} ({why}).")
     notes.append(f"Objective: {objective.describe()}; strategy: {strategy.name}.")

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.spec import MAX_K, SpecConfig
+from autotune.spec import MAX_K, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, SpecConfig
+from policies import load_json_text, load_yaml_text, read_text
 
 if TYPE_CHECKING:
     import optuna
@@ -257,7 +258,9 @@ class SpaceSpec:
             )
         unknown = sorted(str(k) for k in data if k not in SPACE_KEYS)
         if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(SPACE_KEYS)}.")
+            shown = ", ".join(f"{k!r:.40}" for k in unknown[:5])
+            shown += f", ... ({len(unknown)} in all)" if len(unknown) > 5 else ""
+            raise ConfigError(f"{source}: unknown key(s) [{shown}]; known keys are {sorted(SPACE_KEYS)}.")
         if isinstance(data.get("parallel_drafting"), bool):
             # YAML 1.1 reads a bare `on`/`off` as a boolean.
             data = {**data, "parallel_drafting": "on" if data["parallel_drafting"] else "off"}
@@ -305,13 +308,11 @@ def space_from_options(**values: Any) -> SpaceSpec:
 def load_space_file(path: str | Path) -> SpaceSpec:
     """Read a space file (YAML, or JSON for ``.json``). Errors name the file and the offending key."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the space file ({exc.strerror or exc}).") from exc
+    text = read_text(p, ConfigError, "space file")  # unreadable or not UTF-8: one line naming the file (and line)
     is_json = p.suffix.lower() == ".json"
     try:
-        data = json.loads(text) if is_json else yaml.safe_load(text)
+        # Bounded readers: an alias bomb or 100,000-deep nesting is refused in milliseconds (see policies._files).
+        data = load_json_text(text) if is_json else load_yaml_text(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{p}: not valid {'JSON' if is_json else 'YAML'}: {exc}".replace("\n", " ")) from exc
     return SpaceSpec.from_dict(data if data is not None else {}, source=str(p))
@@ -322,19 +323,19 @@ def _validate_spec(data: Mapping[str, Any], source: str, names: Mapping[str, str
         return (names or {}).get(key, key)
 
     def fail(key: str, rule: str) -> None:
-        raise ConfigError(f"{source}: {name(key)}: {rule}, but got {data[key]!r}.")
+        raise ConfigError(f"{source}: {name(key)}: {rule}, but got {data[key]!r:.80}.")
 
     def positive_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
-    def int_list(key: str, allow_null: bool) -> None:
+    def int_list(key: str, allow_null: bool, maximum: int) -> None:
         value = data.get(key)
         if value is None:
             return
         ok = isinstance(value, list | tuple) and len(value) > 0
-        ok = ok and all(positive_int(v) or (allow_null and v is None) for v in value)
+        ok = ok and all((positive_int(v) and v <= maximum) or (allow_null and v is None) for v in value)
         if not ok:
-            what = "positive integers or null (vLLM's default)" if allow_null else "positive integers"
+            what = f"integers in [1, {maximum:,}]" + (" or null (vLLM's default)" if allow_null else "")
             fail(key, f"must be a non-empty list of {what}, e.g. [32, 64]")
         if len(set(value)) != len(value):
             fail(key, "must not repeat a value")
@@ -354,8 +355,8 @@ def _validate_spec(data: Mapping[str, Any], source: str, names: Mapping[str, str
             f"{source}: {name('k_min')} must be <= {name('k_max')}, but got {name('k_min')}={k_min}, "
             f"{name('k_max')}={k_max}."
         )
-    int_list("max_num_seqs", allow_null=False)
-    int_list("max_num_batched_tokens", allow_null=True)
+    int_list("max_num_seqs", allow_null=False, maximum=MAX_NUM_SEQS)
+    int_list("max_num_batched_tokens", allow_null=True, maximum=MAX_NUM_BATCHED_TOKENS)
     if data.get("parallel_drafting") is not None and data["parallel_drafting"] not in PARALLEL_DRAFTING_MODES:
         fail("parallel_drafting", "must be one of auto, on, off")
     if data.get("include_hypothetical") is not None and not isinstance(data["include_hypothetical"], bool):

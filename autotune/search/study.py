@@ -23,10 +23,19 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.backends.base import Backend
-from autotune.errors import UsageError
+from autotune.errors import StudyStorageError, UsageError
 from autotune.measurement import Measurement
 from autotune.search import depths
-from autotune.search.coordination import ClaimLock, Heartbeat, fail_orphans, open_storage, requeue, this_worker
+from autotune.search.coordination import (
+    STORAGE_ERRORS,
+    ClaimLock,
+    Heartbeat,
+    fail_orphans,
+    open_storage,
+    requeue,
+    storage_error,
+    this_worker,
+)
 from autotune.search.events import EventCallback, SearchEvent
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
 from autotune.search.profiles import store_or_profile
@@ -38,7 +47,7 @@ from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
 from autotune.search.trials import ATTR, counted, slim, state_counts, trial_config
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
-from store import Store
+from store import Store, StoreError, normalize_db_url
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +165,18 @@ class Search:
     def run_scenario(self, scenario: Scenario, on_event: EventCallback | None = None) -> ScenarioResult:
         """Run (or resume, or join) the study of `scenario` until it has `target` finished trials, then pick."""
         study_name = study_name_for(str(self.study_prefix), scenario)
-        url = self.storage_url or self.store.url
+        # --storage may be a file path, like --db; a database error anywhere in the study becomes one line.
+        try:
+            url = normalize_db_url(self.storage_url) if self.storage_url else self.store.url
+        except StoreError as exc:
+            raise StudyStorageError(f"--storage: {exc}") from exc
+        option = "--storage" if self.storage_url else "--db or PEAGLE_DB"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = open_storage(url, self.heartbeat_interval, self.grace_period)
-        lock = ClaimLock(url, study_name)
+        try:
+            storage = open_storage(url, self.heartbeat_interval, self.grace_period, option)
+            lock = ClaimLock(url, study_name)
+        except STORAGE_ERRORS as exc:
+            raise storage_error(exc, url, option) from exc
         with warnings.catch_warnings():
             # fail_stale_trials, the retry callback and metric names are stable but flagged experimental; Optuna also
             # warns that heartbeats are meant for Study.optimize, but this loop beats itself (see Heartbeat).
@@ -168,6 +185,8 @@ class Search:
             warnings.filterwarnings("ignore", message=".*independent sampl", category=UserWarning)
             try:
                 return self._run_scenario(scenario, study_name, storage, lock, on_event)
+            except STORAGE_ERRORS as exc:
+                raise storage_error(exc, url, option) from exc
             finally:
                 lock.close()
                 storage.engine.dispose()

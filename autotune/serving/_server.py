@@ -1,4 +1,10 @@
-"""Running the launched server: start ``vllm serve``, forward signals, record live profiles, shut down cleanly."""
+"""Running the launched server: start ``vllm serve``, forward signals, record live profiles, shut down cleanly.
+
+A server that stops without being asked to (its engine core died: vLLM's API server then shuts itself down, with
+exit code 0; or it failed to start) is an error, `ServerExitedError`, with one line saying when and how it ended.
+It is not restarted: a restart would hide a crash that recurs, and the user's supervisor (systemd, Kubernetes) is
+the place for restart policies.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from autotune.engine import (
     signal_process_group,
     start_process_group,
 )
+from autotune.errors import ServerExitedError
 from autotune.serving._launch import ServeLaunch
 from policies.plugin import LABEL_KEY_ENV
 
@@ -39,7 +46,7 @@ def run_server(
     stop: threading.Event | None = None,
     extra_env: Mapping[str, str] | None = None,
 ) -> int:
-    """Launch ``vllm serve`` and supervise it until it exits; returns its exit code.
+    """Launch ``vllm serve`` and supervise it until it exits; returns its exit code when it was asked to stop.
 
     The server runs in its own process group with this process's stdout/stderr. SIGINT/SIGTERM received here are
     forwarded to the whole group (vLLM shuts down gracefully and the plugin flushes its statistics); a second
@@ -49,6 +56,9 @@ def run_server(
     ``stop``: setting this event stops the server like a SIGTERM (for callers that run the server from code).
     Signal handlers are installed only when called from the main thread. ``extra_env``: more environment variables
     for the server (e.g. ``VLLM_CPU_KVCACHE_SPACE``).
+
+    Raises `PrivateDirectoryError` when the run directory cannot be used (nothing is started then), and
+    `ServerExitedError` when the server stops on its own (after the final record and cleanup).
     """
     launch.write_files()
     env = dict(os.environ)
@@ -71,8 +81,9 @@ def run_server(
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    next_record = time.monotonic() + record_every_s
-    announced = False
+    started = time.monotonic()
+    next_record = started + record_every_s
+    ready_at: float | None = None
     try:
         while proc.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -80,8 +91,8 @@ def run_server(
             now = time.monotonic()
             if stop is not None and stop.is_set() and "since" not in stopping:
                 forward(signal.SIGTERM, None)
-            if not announced and proc.poll() is None and is_healthy(launch.base_url):
-                announced = True
+            if ready_at is None and proc.poll() is None and is_healthy(launch.base_url):
+                ready_at = time.monotonic()
                 log(
                     f"peagle-tune serve: ready at {launch.base_url}/v1 (metrics, with peagle:* gauges: "
                     f"{launch.base_url}/metrics; plugin statistics: {launch.stats_path})."
@@ -99,7 +110,25 @@ def run_server(
         if recorder is not None:
             _safe_record(recorder, log)
         launch.cleanup()
-    return int(proc.returncode or 0)
+    code = int(proc.returncode or 0)
+    if "since" not in stopping:
+        raise ServerExitedError(_unasked_exit(code, started, ready_at))
+    return code
+
+
+def _unasked_exit(code: int, started: float, ready_at: float | None) -> str:
+    """One line for a server that stopped on its own: when, its exit status, the likely cause."""
+    status = f"exit code {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            status = f"killed by {signal.Signals(-code).name}"
+    now = time.monotonic()
+    if ready_at is None:
+        return f"vllm serve exited before it was ready ({status}, after {now - started:.0f} s); see its log above."
+    return (
+        f"vllm serve stopped on its own after {now - ready_at:.0f} s of serving ({status}): its engine died or it "
+        "shut itself down; see its log above (peagle-tune serve does not restart it)."
+    )
 
 
 def _safe_record(recorder: Any, log: Callable[[str], None]) -> None:

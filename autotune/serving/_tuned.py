@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ConfigError, UsageError
+from autotune.errors import ConfigError, NotFoundError, UsageError
 from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, load_policy
 from policies.plugin import PluginConfig
@@ -167,7 +167,7 @@ def _recommendation(store: Any, model: str, rec_id: int | None, device: str, not
         if others
         else ""
     )
-    raise UsageError(
+    raise NotFoundError(
         f"There is no recommendation for {model} on this machine's device ({device}). Run `peagle-tune search "
         f"--model {model} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}"
     )

@@ -17,6 +17,7 @@ Example::
     workloads = {s: phases_from_workload(w, s, 64, classes=["chat", "code"]) for s in ("shifting", "stationary")}
     setup = gpu_setup("gpt-oss-120b", "h200", workloads)
     result = predict(setup, workloads, concurrencies=[1, 8, 64])
+    study = store_simulation(Store(), result)   # kept as trials of study `study`; load_simulation reads it back
 """
 
 from __future__ import annotations
@@ -58,11 +59,21 @@ from autotune.simulate._setup import (
     published_profiles,
     token_weights,
 )
+from autotune.simulate._store import (
+    SIMULATE_BACKEND,
+    StoredSimulation,
+    is_simulation,
+    list_simulations,
+    load_simulation,
+    simulation_study_name,
+    store_simulation,
+)
 
 __all__ = [
     "CONFIG_KINDS",
     "ORACLE_LABEL",
     "SHAPES",
+    "SIMULATE_BACKEND",
     "AcceptanceModel",
     "AcceptanceStream",
     "Adaptive",
@@ -83,11 +94,15 @@ __all__ = [
     "StaticDepth",
     "StepCostSource",
     "StepShape",
+    "StoredSimulation",
     "WorkloadShape",
     "autocorrelation_statistic",
     "controller_cost_model",
     "fit_autocorrelation",
     "gpu_setup",
+    "is_simulation",
+    "list_simulations",
+    "load_simulation",
     "load_traces",
     "mean_context",
     "oracle_result",
@@ -97,5 +112,7 @@ __all__ = [
     "published_profiles",
     "run_configs",
     "simulate",
+    "simulation_study_name",
+    "store_simulation",
     "token_weights",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,6 +56,15 @@ class ConfigResult:
         d["phase_tokens_per_s"] = list(self.phase_tokens_per_s)
         d["depth_histogram"] = {str(k): v for k, v in self.depth_histogram.items()}
         return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConfigResult:
+        """The inverse of `to_dict` (as JSON gives it back: lists for tuples, string histogram keys)."""
+        d = dict(data)
+        d["phase_tokens_per_s"] = tuple(d.get("phase_tokens_per_s") or ())
+        d["depth_histogram"] = {int(k): int(v) for k, v in (d.get("depth_histogram") or {}).items()}
+        d["notes"] = dict(d.get("notes") or {})
+        return cls(**d)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -134,3 +143,19 @@ class SimulationResult:
             "rows": [r.to_dict() for r in self.rows],
             "warnings": list(self.warnings),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimulationResult:
+        """The inverse of `to_dict` (the "label" key, always "PREDICTED", is implied)."""
+        return cls(
+            provenance=Provenance.from_dict(dict(data["provenance"])),
+            model=data["model"],
+            drafter=data.get("drafter"),
+            device=data["device"],
+            acceptance_source=data["acceptance_source"],
+            step_cost_source=data["step_cost_source"],
+            controller_cost_fit=data.get("controller_cost_fit"),
+            settings=dict(data.get("settings") or {}),
+            rows=[ConfigResult.from_dict(r) for r in data.get("rows") or []],
+            warnings=list(data.get("warnings") or []),
+        )

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from autotune.errors import WorkloadError
 from autotune.workloads._parse import (
@@ -80,13 +78,20 @@ def _load_builtin(name: str) -> Workload:
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether a TCP connection to the Hugging Face hub opens within `timeout_s` seconds."""
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    """Whether the Hugging Face hub answers within `timeout_s` seconds, asked through huggingface_hub itself (its
+    endpoint, HF_ENDPOINT, proxies and offline mode: with HF_HUB_OFFLINE=1 the hub is unreachable without a
+    request). Any HTTP answer counts as reachable; a missing huggingface_hub or a network error does not."""
     try:
-        with socket.create_connection((host, 443), timeout=timeout_s):
-            return True
-    except OSError:
+        from huggingface_hub import constants, get_session, is_offline_mode
+    except ImportError:
         return False
+    if is_offline_mode():
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception:  # OfflineModeIsEnabled, connection/DNS/timeout errors: all mean "not reachable from here"
+        return False
+    return True
 
 
 def _hf_text(row: dict[str, Any]) -> str | None:

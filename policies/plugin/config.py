@@ -187,8 +187,9 @@ class PluginConfig:
     """The depth plan of "plan" mode (required there, ignored otherwise)."""
     lower_drafting_depth: bool | None = None
     """Also lower vLLM's drafting depth (``num_spec_tokens_to_schedule``) to the deepest verified depth of the next
-    step, so sequential drafters skip passes whose drafts would be trimmed. None: only for sequential drafters
-    (parallel drafting must draft at its configured K, vLLM issue #45695)."""
+    step, so the drafter drafts nothing that would be trimmed. None: for sequential drafters, and for parallel
+    drafting once every worker proved the drafter-width patch (``drafter_width``; without it parallel drafting must
+    draft at its configured K, vLLM issue #45695). False: never (no off-steps either)."""
     flush_every_s: float = 5.0
     """Write the stats file at most this often while running (and whenever the engine goes idle, and at shutdown)."""
     max_samples_per_key: int = 512

@@ -17,10 +17,19 @@ after ``schedule()`` of step n, and
 1. trims each request's ``spec_token_ids`` to its depth after ``Scheduler.update_draft_token_ids`` (the verified
    depth of step n+1; greedy outputs are unchanged because a shorter verified prefix only produces fewer tokens per
    step, never different ones);
-2. when ``lower_drafting_depth`` (default: sequential drafters only), sets ``num_spec_tokens_to_schedule`` of step n
-   to the deepest depth of step n+1, so a sequential drafter runs no passes whose drafts would be trimmed. Parallel
-   drafting (P-EAGLE, PARD) drafts all K in one pass and must keep its configured K (vLLM issue #45695), so only
-   verification is saved there.
+2. when ``lower_drafting_depth`` (default: sequential drafters, and any drafter whose workers proved the
+   drafter-width patch in the handshake), sets ``num_spec_tokens_to_schedule`` of step n to the deepest depth of
+   step n+1, so the drafter drafts no tokens that would be trimmed; a step where that depth is 0 and no prompt token
+   is computed is marked ``peagle_skip_drafter`` and skips the drafter and the rejection sampler. Without the
+   handshake, parallel drafting (P-EAGLE, PARD) keeps its configured K (vLLM issue #45695) and only verification is
+   saved.
+
+Drafter width (`policies.plugin.drafter_width`, `policies.plugin.drafting`): at start-up the plugin installs the
+worker-side patch in every worker through ``collective_rpc`` (the engine must run with ``worker_extension_cls``,
+which `policies.plugin.engine_kwargs` sets); it lowers the width only if every worker answered. If the workers later
+return more drafts than planned (a worker-side fault turned the patch off), the plugin goes back to trimming at K.
+Under async scheduling (`PeagleAsyncScheduler`) depth is applied through vLLM's draft placeholders instead of
+trimming.
 
 What is timed (``step_ms``): ``time.perf_counter()`` from the entry of `PeagleScheduler.schedule` to the return of
 vLLM's ``Scheduler.update_from_output`` for the same step: scheduling (including the plugin's decision), the model
@@ -140,13 +149,13 @@ class PeagleScheduler(Scheduler):
         self._drafting_depth = 0
         self._labels = _PerRequest()  # request id -> Labeled
         self._class_phase: dict[str, tuple[Any, tuple[str, str]]] = {}  # request id -> (request, (class, phase))
-        # Last step's adaptive batch (request ids, request objects, views) and (decision, views, depths): a step
-        # with the same requests skips re-labelling and re-syncing the tracked batch, and reuses the depths when the
-        # controller returns the same decision.
+        # Last step's batch (request ids, request objects, controller views) and (decision or base depth, rules,
+        # depths): a step with the same requests skips re-labelling and re-syncing the tracked batch, and reuses the
+        # depths when the decision (or the static / plan base depth) and the rules are the same as last step's.
         self._last_ids: list[str] = []
         self._last_members: list[Any] = []
         self._last_views: list[Any] = []
-        self._last_depths: tuple[Any, list[Any], dict[str, int]] | None = None
+        self._last_depths: tuple[Any, DepthRules, dict[str, int]] | None = None
         self._labeler = RequestLabeler()
         self._last_flush = time.monotonic()
         self._fallback_logged = False
@@ -413,15 +422,26 @@ class PeagleScheduler(Scheduler):
             return
         config, rules = self._config, self._rules
         check_plugin_fault(config, (self._label(r)[0] for r in ids))
-        if config.mode == "adaptive":
-            depths = self._adaptive_depths(ids)
+        members = [requests[r] for r in ids]
+        same_batch = ids == self._last_ids and members == self._last_members
+        if not same_batch:
+            self._last_ids, self._last_members, self._last_views = ids, members, []
+        # What the depths follow: the controller's decision (adaptive) or the base depth (static / plan).
+        key: Any = self._adaptive_decision(ids, same_batch) if config.mode == "adaptive" else (
+            self._plan.next_depth(len(ids)) if self._plan is not None else rules.static_base)
+        last = self._last_depths
+        if same_batch and last is not None and last[1] is rules and (last[0] is key or last[0] == key):
+            depths = last[2]  # same requests, same decision (or base depth), same rules as last step: same depths
         else:
-            base = self._plan.next_depth(len(ids)) if self._plan is not None else rules.static_base
-            labeled = {r: self._labeled(r) for r in ids}  # opt-out; cap: the policy's class cap, the request's own
-            depths = rules.uniform(base, {r: not x.view.speculate for r, x in labeled.items()})
-            depths = {r: labeled[r].bound(d) for r, d in depths.items()}
-        classes = {r: self._label(r)[0] for r in ids} if rules.class_caps else {}
-        depths = rules.apply_caps(depths, classes)
+            if config.mode == "adaptive":
+                chosen = {v.request_id: key.depth_for(v) for v in self._last_views}
+            else:  # one base depth; opt-out and caps per request
+                labeled = {r: self._labeled(r) for r in ids}
+                chosen = rules.uniform(key, {r: not x.view.speculate for r, x in labeled.items()})
+                chosen = {r: labeled[r].bound(d) for r, d in chosen.items()}
+            classes = {r: self._label(r)[0] for r in ids} if rules.class_caps else {}
+            depths = rules.apply_caps(chosen, classes)
+            self._last_depths = (key, rules, depths)
         self._next_depth = depths
         drafting = rules.drafting_depth(depths)
         if rules.lower_drafting:
@@ -433,17 +453,15 @@ class PeagleScheduler(Scheduler):
             assign_placeholders(requests, output, depths)
         self._drafting_depth = drafting
 
-    def _adaptive_depths(self, ids: list[str]) -> dict[str, int]:
+    def _adaptive_decision(self, ids: list[str], same_batch: bool) -> Any:
+        """The controller's `Decision` for this step's requests (``same_batch``: the same requests as last step, so
+        the tracked batch is already in sync)."""
         policy, controller, batch = self._policy, self._controller, self._batch
         assert policy is not None and controller is not None
-        requests = self.requests
-        members = [requests[r] for r in ids]
-        if ids == self._last_ids and members == self._last_members:
-            views = self._last_views  # the same requests as last step: the tracked batch is already in sync
-        else:
+        if not same_batch or not self._last_views:
             views = [self._labeled(r).view for r in ids]  # built by the policy (`RequestLabeler`), cached per request
             batch.sync(views)
-            self._last_ids, self._last_members, self._last_views = ids, members, views
+            self._last_views = views
         decision = controller.decide_or_fallback(batch)
         self._metrics.call("observe_decision", decision, controller)
         if decision.fallback:
@@ -455,12 +473,7 @@ class PeagleScheduler(Scheduler):
                 self._fallback_logged = True
                 logger.warning("PeagleScheduler: controller fell back to static K=%d (logged once; counted in the "
                                "stats as controller_fallbacks): %s", decision.default_depth, decision.reason)
-        last = self._last_depths
-        if last is not None and last[0] is decision and last[1] is views:
-            return last[2]  # the controller answered with last step's decision for the same batch
-        depths = {v.request_id: decision.depth_for(v) for v in views}
-        self._last_depths = (decision, views, depths)
-        return depths
+        return decision
 
     def _observe(
         self, output: SchedulerOutput, runner_output: ModelRunnerOutput
@@ -478,7 +491,8 @@ class PeagleScheduler(Scheduler):
         # Async scheduling verifies the drafts behind its -1 placeholders (minus those structured output rejected).
         invalid = (getattr(output, "num_invalid_spec_tokens", None) or {}) if self._async else None
         label = self._label
-        add = tally.add
+        outcomes = tally.outcomes
+        verified = deepest = 0
         for req_id, n in output.num_scheduled_tokens.items():
             i = index.get(req_id) if sampled else None
             scheduled = spec.get(req_id)
@@ -493,10 +507,17 @@ class PeagleScheduler(Scheduler):
                 drafted = accepted = 0
                 prompt = n - bonus if n > bonus else 0
             prompt_tokens += prompt
-            cls, phase = label(req_id)
-            add(cls, phase, drafted, accepted)
-            rows.append((req_id, cls, phase, drafted, accepted))
-        tally.prompt_tokens = prompt_tokens
+            key = label(req_id)  # (class, phase), cached per request: also the tally's key (`StepTally.add` inline)
+            per_key = outcomes.get(key)
+            if per_key is None:
+                per_key = outcomes[key] = {}
+            pair = (drafted, accepted)
+            per_key[pair] = per_key.get(pair, 0) + 1
+            verified += drafted + 1
+            if drafted > deepest:
+                deepest = drafted
+            rows.append((req_id, key[0], key[1], drafted, accepted))
+        tally.size, tally.verified, tally.deepest, tally.prompt_tokens = len(rows), verified, deepest, prompt_tokens
         return tally, rows, self._drafting_depth
 
     def _record(self, observed: tuple[StepTally, list[_Row], int], step_ms: float | None) -> None:

