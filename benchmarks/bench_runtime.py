@@ -3,29 +3,37 @@
 Usage::
 
     python benchmarks/bench_runtime.py [--models tests/fixtures/models] [--drafter drafter-2l] [--max-k 4]
-        [--concurrency 8] [--repeat 2] [--out docs/benchmarks/runtime.md]
+        [--concurrency 1 8] [--rounds 3] [--c1-requests 12] [--out docs/benchmarks/runtime.md]
 
-What runs (all measured on this machine, in one run; every configuration is its own engine launch, the offline
+What runs (all measured on this machine, in one run; every configuration is its own engine, the offline
 ``vllm.LLM`` engine in a subprocess, because ``vllm serve`` adds HTTP and detokenisation time that is the same for
 every configuration and slows the 2-core box down):
 
 1. a profile of the drafter (``autotune.profiling.profile``: one launch at K_max with the depth plan, plus one
    no-speculation launch for the cost model's baseline): acceptance per class and position, and the step-cost
    model the controller starts from;
-2. two workloads, each a sequence of phases run back to back in the same engine, requests closed-loop at
-   ``--concurrency`` (all requests of a phase queued at once, at most ``max_num_seqs`` running):
+2. two workloads, each a sequence of phases run back to back in the same engine:
    - shifting: the "predictable" class alone, then the "entropic" class alone, then both mixed;
    - stationary: both classes mixed in every phase (as many requests as the shifting workload);
+   at every concurrency of ``--concurrency``: c > 1 queues all requests of a phase at once in an engine with
+   ``max_num_seqs`` = max concurrency (closed loop); c = 1 sends the first ``--c1-requests`` requests of each phase
+   one after the other;
 3. configurations: no speculation; every static K in 1..K_max (plain vLLM); vLLM's own batch-size schedule
    (``num_speculative_tokens_per_batch_size``, best K per batch size predicted from the profile); the adaptive
-   controller (``policies.scheduler.PeagleScheduler`` in adaptive mode, drafter at K_max, depth per step and per
-   request class, priors from the profile, fallback to the best static K predicted by the profile); and the plugin
-   alone at K_max (static mode: statistics only, no trimming), which shows the plugin's own cost.
+   controller with drafter-width control off (``PluginConfig.drafter_width = {"enabled": False}``: depth applied by
+   trimming drafts only, the drafter proposes K_max every step); and the adaptive controller as shipped (drafter
+   width per step and off-steps on, the default). Plus the per-phase oracle, computed, not run: in each round and
+   phase the fastest of the static configurations (no speculation included).
 
-Figures: output tokens/s = generated tokens / wall time of the workload (all its phases), measured; the adaptive
-controller's decision time per step at batch 256 (`policies.benchmark_decision_time`), measured. The requests carry
-their class in ``SamplingParams.extra_args`` (the adaptive controller uses it; the other configurations ignore it).
-Greedy outputs of every configuration are compared with no speculation.
+Protocol: all engines are loaded first and stay up; then ``--rounds`` rounds, each running every configuration once
+(one after the other, the order rotated each round), so a slow period of the shared machine hits every
+configuration. All engines are resident at once (~2.5 GiB each with the fixtures; the script refuses to start
+when ``MemAvailable`` is below that times the number of configurations).
+Figures are the median over rounds with min-max. ``uptime``'s load average is recorded before and after.
+
+Figures: output tokens/s = generated tokens / wall time of the workload (all its phases), measured. The requests
+carry their class in ``SamplingParams.extra_args`` (the adaptive controller uses it; the other configurations ignore
+it). Greedy outputs of every configuration (first round) are compared with no speculation at the same concurrency.
 """
 
 from __future__ import annotations
@@ -35,10 +43,11 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +58,15 @@ DEFAULT_OUT = REPO / "docs" / "benchmarks" / "runtime.md"
 ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0}
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 PREDICTABLE, ENTROPIC = "predictable", "entropic"
+POLL_S = 0.05
+NO_SPEC = "no speculation"
+ENGINE_GIB = 2.5
+"""Resident memory per loaded engine with the fixtures (measured: worker ~1.8 GB + engine core ~0.45 GB), GiB."""
 
 
 # ================================================================================================= worker side
-def run_worker(job_path: Path, result_path: Path) -> int:
-    """One configuration: load the engine, warm up, run every workload's phases; write the result JSON."""
+def run_worker(job_path: Path, run_dir: Path) -> int:
+    """One configuration: load the engine, warm up, then run one round per ``go-<r>`` file; ``round-<r>.json``."""
     job = json.loads(job_path.read_text())
     from vllm import LLM, SamplingParams
 
@@ -68,32 +81,49 @@ def run_worker(job_path: Path, result_path: Path) -> int:
             extra_args={"peagle_class": r["class"], "peagle_phase": phase},
         )
 
-    # Warm-up: every request of one mixed phase, cut to 16 tokens, so every batch shape has run once.
+    # Warm-up: every request of one mixed phase, cut to 16 tokens, so every batch shape has run once; and one
+    # request alone (batch 1).
     warm = job["warmup"]
     llm.generate([r["prompt"] for r in warm], [params(r, "warmup", 16) for r in warm], use_tqdm=False)
+    llm.generate([warm[0]["prompt"]], [params(warm[0], "warmup", 16)], use_tqdm=False)
     llm.reset_prefix_cache()
-    out: dict[str, Any] = {"ok": True, "load_s": load_s, "workloads": {}}
-    # Rounds alternate the workloads (shifting, stationary, shifting, ...) so slow periods of a shared machine hit
-    # both; a phase's figures are summed over the rounds.
-    for _ in range(int(job.get("rounds", 1))):
-        for name, phases in job["workloads"].items():
-            entries = out["workloads"].setdefault(name, [])
-            for i, reqs in enumerate(phases):
-                phase = f"{name}:{i}"
-                t = time.perf_counter()
-                outs = llm.generate([r["prompt"] for r in reqs], [params(r, phase) for r in reqs], use_tqdm=False)
-                wall = time.perf_counter() - t
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                if len(entries) <= i:
-                    entries.append({"phase": phase, "wall_s": 0.0, "output_tokens": 0,
-                                    "outputs": [list(o.outputs[0].token_ids) for o in outs]})
-                entries[i]["wall_s"] += wall
-                entries[i]["output_tokens"] += tokens
-    _write(result_path, out)
+    _write(run_dir / "ready.json", {"ok": True, "load_s": load_s})
+
+    concurrencies: list[int] = job["concurrencies"]
+    names = list(job["workloads"])
+    for rnd in range(int(job["rounds"])):
+        go = run_dir / f"go-{rnd}"
+        while not go.exists():
+            time.sleep(POLL_S)
+        out: dict[str, Any] = {}
+        # Alternate the order of concurrencies and workloads between rounds.
+        for c in concurrencies if rnd % 2 == 0 else concurrencies[::-1]:
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                entries = []
+                for i, reqs in enumerate(job["workloads"][name]):
+                    phase = f"c{c}:{name}:{i}"
+                    t = time.perf_counter()
+                    if c == 1:
+                        outs = []
+                        for r in reqs[: int(job["c1_requests"])]:
+                            outs += llm.generate([r["prompt"]], [params(r, phase)], use_tqdm=False)
+                    else:
+                        outs = llm.generate([r["prompt"] for r in reqs], [params(r, phase) for r in reqs],
+                                            use_tqdm=False)
+                    wall = time.perf_counter() - t
+                    entries.append({
+                        "phase": phase,
+                        "wall_s": wall,
+                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                        "outputs": [list(o.outputs[0].token_ids) for o in outs] if rnd == 0 else None,
+                    })
+                out[f"c{c}:{name}"] = entries
+        _write(run_dir / f"round-{rnd}.json", out)
+    time.sleep(3.0)  # idle: the plugin flushes its statistics file
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None:
         try:
-            core.shutdown(timeout=0)  # the result is written; the parent kills the process group anyway
+            core.shutdown(timeout=0)  # the results are written; the parent kills the process group anyway
         except Exception:  # noqa: BLE001
             pass
     return 0
@@ -105,47 +135,44 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-EXPLANATION = """
-## How to read this
-
-- Every figure is measured on this machine (output tokens / wall time of a workload's phases); the profile line and
-  the schedule are the profile's measurements and the cost model's predictions.
-- The adaptive controller applies depth by trimming drafts in the scheduler: with parallel drafting the drafter
-  proposes K_max tokens every step whatever depth is verified (vLLM 0.32 cannot change a parallel drafter's depth at
-  runtime, issue #45695; a depth-0 step still runs the drafter). So it saves verification, not drafting: on a class
-  where speculation never pays (here "entropic": AL(1) ~ 1.2) it cannot reach the no-speculation speed, and a static
-  small K, whose drafter proposes fewer tokens, keeps an edge there that trimming cannot reproduce.
-- "plugin only" is the scheduler plugin at K_max recording statistics without changing any depth: its gap to
-  "static K=K_max" is the plugin's own cost (per-step bookkeeping in the engine process).
-- This 2-core machine is shared; figures move by several percent between runs. Rounds alternate the workloads in
-  each engine so that slow periods hit both.
-"""
-
-
 # ================================================================================================= parent side
-def launch(job: dict[str, Any], env: dict[str, str], workdir: Path, label: str, timeout_s: float) -> dict[str, Any]:
-    """Run one configuration in a subprocess (its own process group, killed afterwards); its result dict."""
-    from autotune.engine import kill_process_group, read_log_tail, start_process_group
+class Engine:
+    """One configuration's worker process (its own process group) and its run directory."""
 
-    run = workdir / label
-    run.mkdir(parents=True, exist_ok=True)
-    job_path, result_path, log_path = run / "job.json", run / "result.json", run / "engine.log"
-    job_path.write_text(json.dumps(job))
-    full_env = dict(os.environ)
-    full_env.update(ENGINE_ENV)
-    full_env.update(env)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path), str(result_path)]
-    proc = start_process_group(cmd, log_path, full_env)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while proc.poll() is None and not result_path.exists() and time.monotonic() < deadline:
-            time.sleep(0.25)
-        time.sleep(0.5)
-    finally:
-        kill_process_group(proc, grace_s=5.0)
-    if not result_path.exists():
-        return {"ok": False, "reason": read_log_tail(log_path, 15)}
-    return dict(json.loads(result_path.read_text()))
+    def __init__(self, label: str, job: dict[str, Any], env: dict[str, str], workdir: Path) -> None:
+        from autotune.engine import start_process_group
+
+        self.label = label
+        self.dir = workdir / label.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "")[:40]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        job_path, self.log = self.dir / "job.json", self.dir / "engine.log"
+        job_path.write_text(json.dumps(job))
+        full_env = dict(os.environ)
+        full_env.update(ENGINE_ENV)
+        full_env.update(env)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path), str(self.dir)]
+        self.proc = start_process_group(cmd, self.log, full_env)
+        self.failure: str | None = None
+
+    def wait_for(self, name: str, deadline: float) -> dict[str, Any] | None:
+        """The JSON file ``name`` once the worker wrote it; None (and ``failure`` set) if the worker died first."""
+        from autotune.engine import read_log_tail
+
+        path = self.dir / name
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                time.sleep(0.5)
+                if path.exists():
+                    break
+                self.failure = read_log_tail(self.log, 15)
+                return None
+            time.sleep(POLL_S)
+        return dict(json.loads(path.read_text()))
+
+    def stop(self) -> None:
+        from autotune.engine import kill_process_group
+
+        kill_process_group(self.proc, grace_s=5.0)
 
 
 def build_workloads(workload: Any, repeat: int) -> dict[str, list[list[dict[str, Any]]]]:
@@ -164,55 +191,26 @@ def build_workloads(workload: Any, repeat: int) -> dict[str, list[list[dict[str,
 
 
 def profile_drafter(args: argparse.Namespace, workload: Any, workdir: Path) -> Any:
+    from autotune.engine import EngineOptions
     from autotune.profiling import profile
 
+    top = max(args.concurrency)
     result = profile(
         str(args.models / "target"),
         [str(args.models / args.drafter)],
         workload,
-        concurrencies=sorted({1, max(1, args.concurrency // 2), args.concurrency}),
+        concurrencies=sorted({1, max(1, top // 2), top}),
         max_k=args.max_k,
         method="draft_model",
         parallel_drafting=True,
         baseline=True,
-        dtype="float32",
-        max_model_len=512,
-        engine_extra={"enforce_eager": True},
+        options=EngineOptions(dtype="float32", max_model_len=512, engine_extra={"enforce_eager": True}),
         log_dir=workdir / "profile",
         progress=lambda line: print(f"  [profile] {line}", flush=True),
     )[0]
     if not result.ok:
         raise SystemExit(f"profiling failed: {result.failure_kind}: {result.failure_reason}\n{result.log_tail}")
     return result
-
-
-@dataclass
-class Row:
-    """One configuration's measured figures."""
-
-    label: str
-    ok: bool
-    shifting: float = 0.0
-    """Output tokens/s over the whole shifting workload (measured)."""
-    stationary: float = 0.0
-    phases: list[float] = field(default_factory=list)
-    """Output tokens/s of each shifting phase (measured)."""
-    same_as_no_spec: bool = False
-    """Every greedy output token-identical to the no-speculation run."""
-
-
-def summarize(label: str, r: dict[str, Any], base: dict[str, Any]) -> Row:
-    if not r.get("ok"):
-        return Row(label, False)
-    tps = {}
-    same = bool(base.get("ok"))
-    for name, phases in r["workloads"].items():
-        tps[name] = sum(p["output_tokens"] for p in phases) / sum(p["wall_s"] for p in phases)
-        if base.get("ok"):
-            for p, q in zip(phases, base["workloads"][name], strict=True):
-                same = same and p["outputs"] == q["outputs"]
-    phase_tps = [p["output_tokens"] / p["wall_s"] for p in r["workloads"]["shifting"]]
-    return Row(label, True, tps["shifting"], tps["stationary"], phase_tps, same)
 
 
 def predicted_goodput(result: Any, mix_weights: dict[str, float]) -> Any:
@@ -229,16 +227,48 @@ def predicted_goodput(result: Any, mix_weights: dict[str, float]) -> Any:
     return goodput
 
 
+def uptime() -> str:
+    """``uptime``'s output (load average of the shared machine)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"uptime failed: {exc}"
+
+
+def available_memory_gib() -> float | None:
+    """MemAvailable from /proc/meminfo, GiB (None where unreadable)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def tps(entries: list[dict[str, Any]]) -> float:
+    """Output tokens/s over a workload's phases."""
+    return sum(e["output_tokens"] for e in entries) / sum(e["wall_s"] for e in entries)
+
+
+def spread(values: list[float], digits: int = 0) -> str:
+    """``median (min-max)``."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=Path, default=DEFAULT_MODELS)
     parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
     parser.add_argument("--drafter", default="drafter-2l")
     parser.add_argument("--max-k", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 1])
+    parser.add_argument("--c1-requests", type=int, default=12, help="requests per phase at concurrency 1")
     parser.add_argument("--repeat", type=int, default=1, help="repeat each class's prompts this many times")
-    parser.add_argument("--rounds", type=int, default=2, help="run both workloads this many times per engine")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine launch")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every configuration once")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine load and per round")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
@@ -249,19 +279,21 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.environment import detect_environment
     from autotune.search import best_depth_per_batch, default_batch_sizes, merge_schedule
     from autotune.workloads import load_workload
-    from policies import ClassPolicy, RequestPolicy, benchmark_decision_time
+    from policies import ClassPolicy, RequestPolicy
     from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
 
     for needed in (args.models / "target" / "config.json", args.models / args.drafter / "config.json", args.workload):
         if not needed.is_file():
             raise SystemExit(f"missing fixture {needed}: run `python tests/fixtures/build_fixtures.py` first")
     started = time.perf_counter()
+    load_before = uptime()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="peagle-bench-runtime-"))
     workload = load_workload(args.workload)
     workloads = build_workloads(workload, args.repeat)
-    c, kmax = args.concurrency, args.max_k
+    concs = sorted(set(args.concurrency), reverse=True)
+    c, kmax = concs[0], args.max_k
     target, drafter = str(args.models / "target"), str(args.models / args.drafter)
-    print(f"Work directory: {workdir}", flush=True)
+    print(f"Work directory: {workdir}\nLoad before: {load_before}", flush=True)
 
     print("Profiling the drafter (one launch at K_max + one without speculation)...", flush=True)
     prof = profile_drafter(args, workload, workdir)
@@ -277,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(ENGINE_KWARGS, max_num_seqs=c, **(extra or {}))
         if spec is not None:
             kw["speculative_config"] = spec
-        return {"model": target, "engine_kwargs": kw, "workloads": workloads, "warmup": warm, "rounds": args.rounds}
+        return {"model": target, "engine_kwargs": kw, "workloads": workloads, "warmup": warm, "rounds": args.rounds,
+                "concurrencies": concs, "c1_requests": args.c1_requests}
 
     def spec(k: int, parallel: bool = True, **more: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
@@ -286,72 +319,122 @@ def main(argv: list[str] | None = None) -> int:
         out.update(more)
         return out
 
-    configs: list[tuple[str, dict[str, Any], dict[str, str]]] = [("no speculation", job(None), {})]
+    configs: list[tuple[str, dict[str, Any], dict[str, str]]] = [(NO_SPEC, job(None), {})]
     configs += [(f"static K={k}", job(spec(k)), {}) for k in range(1, kmax + 1)]
     top = max(k for _, _, k in schedule)
     schedule_spec = spec(max(top, 1), num_speculative_tokens_per_batch_size=schedule)
-    configs.append((f"vLLM schedule {schedule}", job(schedule_spec), {}))
+    schedule_label = f"vLLM schedule {schedule}"
+    configs.append((schedule_label, job(schedule_spec), {}))
     # Both classes declared: the plugin takes a request's class label only for classes its policy knows.
     policy = RequestPolicy(
         static_k=best_static, max_k=kmax, default_class=PREDICTABLE, classes={ENTROPIC: ClassPolicy()}
     )
-    stats_path = workdir / "adaptive-stats.json"
-    plugin = PluginConfig(
-        mode="adaptive",
-        stats_path=str(stats_path),
-        static_depth=best_static,
-        adaptive={
-            "policy": policy.to_dict(),
-            "cost_model": prof.cost_model.to_dict(),
-            "acceptance": {cls: p.to_dict() for cls, p in prof.acceptance.items()},
-        },
-    )
-    plugin_path = plugin.save(workdir / "adaptive-plugin.json")
-    # The plugin alone (static mode, no trimming, statistics recorded): its own cost, without any adaptation.
-    static_plugin = PluginConfig(mode="static", stats_path=str(workdir / "static-plugin-stats.json"))
-    static_plugin_path = static_plugin.save(workdir / "static-plugin.json")
-    label = f"plugin only (K={kmax}, no adaptation)"
-    configs.append((label, job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(static_plugin_path)}))
-    configs.append(("adaptive (peagle)", job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(plugin_path)}))
+    adaptive_cfg = {
+        "policy": policy.to_dict(),
+        "cost_model": prof.cost_model.to_dict(),
+        "acceptance": {cls: p.to_dict() for cls, p in prof.acceptance.items()},
+    }
+    stats_paths: dict[str, Path] = {}
+    for label, width in (("adaptive, trimming only", {"enabled": False}), ("adaptive (new)", None)):
+        name = "trim" if width else "new"
+        stats_paths[label] = workdir / f"adaptive-{name}-stats.json"
+        plugin = PluginConfig(mode="adaptive", stats_path=str(stats_paths[label]), static_depth=best_static,
+                              adaptive=adaptive_cfg, drafter_width=width)
+        plugin_path = plugin.save(workdir / f"adaptive-{name}-plugin.json")
+        configs.append((label, job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(plugin_path)}))
 
-    results: dict[str, dict[str, Any]] = {}
+    # ---- load every engine, then interleave the configurations in rounds ------------------------------------
+    # Every engine stays resident (~2.3 GB each with the fixtures: worker ~1.8 GB incl. 1 GiB KV + engine core):
+    # refuse rather than let the kernel's OOM killer pick a process of this or another job.
+    need_gib = ENGINE_GIB * len(configs)
+    avail_gib = available_memory_gib()
+    if avail_gib is not None and avail_gib < need_gib:
+        raise SystemExit(f"{len(configs)} resident engines need ~{need_gib:.0f} GiB, only {avail_gib:.1f} GiB "
+                         "available: run fewer configurations or on a quieter machine.")
+    print(f"Loading {len(configs)} engines...", flush=True)
+    engines = [Engine(label, j, env, workdir) for label, j, env in configs]
+    rounds: dict[str, list[dict[str, Any]]] = {e.label: [] for e in engines}
     notes: list[str] = []
-    for label, j, env in configs:
-        print(f"Running {label}...", flush=True)
-        r = launch(j, env, workdir, label.replace(" ", "_").replace("=", "").replace("[", "")[:40], args.timeout)
-        if not r.get("ok") and label.startswith("vLLM schedule"):
-            notes.append(
-                "vLLM's batch-size schedule with parallel drafting failed "
-                f"({r.get('reason', '')[-300:]!r}); measured with draft_model WITHOUT parallel drafting instead."
-            )
-            label = label + " (no parallel drafting)"
-            print(f"  failed with parallel drafting; retrying {label}", flush=True)
-            j = job(spec(max(top, 1), parallel=False, num_speculative_tokens_per_batch_size=schedule))
-            r = launch(j, env, workdir, "vllm_schedule_seq", args.timeout)
-        results[label] = r
-        if not r.get("ok"):
-            print(f"  FAILED: {r.get('reason')}", flush=True)
+    try:
+        deadline = time.monotonic() + args.timeout
+        for e in engines:
+            if e.wait_for("ready.json", deadline) is None:
+                print(f"  {e.label} FAILED to load: {e.failure}", flush=True)
+        live = [e for e in engines if e.failure is None]
+        print(f"Loaded ({time.perf_counter() - started:.0f} s since start). Load: {uptime()}", flush=True)
+        for rnd in range(args.rounds):
+            shift = rnd % len(live) if live else 0
+            for e in live[shift:] + live[:shift]:
+                if e.failure is not None:
+                    continue
+                t = time.perf_counter()
+                (e.dir / f"go-{rnd}").touch()
+                r = e.wait_for(f"round-{rnd}.json", time.monotonic() + args.timeout)
+                if r is None:
+                    print(f"  round {rnd} {e.label} FAILED: {e.failure}", flush=True)
+                    continue
+                rounds[e.label].append(r)
+                print(f"  round {rnd} {e.label}: {time.perf_counter() - t:.1f} s", flush=True)
+        time.sleep(6.0)  # the workers idle 3 s (the plugin flushes its statistics file) before they exit
+    finally:
+        for e in engines:
+            e.stop()
+    load_after = uptime()
+    for e in engines:
+        if e.failure is not None and not rounds[e.label]:
+            notes.append(f"{e.label} failed: {e.failure[-300:]!r}")
 
+    (workdir / "rounds.json").write_text(json.dumps(rounds))
     # ---- figures --------------------------------------------------------------------------------------------
-    base = results["no speculation"]
-    rows = [summarize(label, r, base) for label, r in results.items()]
-    static = {row.label: row for row in rows if row.label.startswith("static") and row.ok}
-    best_shift = max(static.values(), key=lambda row: row.shifting)
-    best_stat = max(static.values(), key=lambda row: row.stationary)
-    adaptive = next(row for row in rows if row.label.startswith("adaptive"))
-    decision_us = benchmark_decision_time(256)
+    static_labels = [NO_SPEC] + [f"static K={k}" for k in range(1, kmax + 1)]
+    keys = [f"c{cc}:{w}" for cc in concs for w in ("shifting", "stationary")]
+    tput: dict[str, dict[str, list[float]]] = {label: {} for label in rounds}
+    phase_tput: dict[str, dict[str, list[list[float]]]] = {label: {} for label in rounds}
+    for label, rs in rounds.items():
+        for key in keys:
+            tput[label][key] = [tps(r[key]) for r in rs]
+            phase_tput[label][key] = [[e["output_tokens"] / e["wall_s"] for e in r[key]] for r in rs]
+    # Oracle per round: each phase at the wall time of the fastest static configuration in that round.
+    oracle: dict[str, list[float]] = {}
+    oracle_pick: dict[str, list[list[str]]] = {}
+    n_rounds = min((len(rounds[s]) for s in static_labels if rounds.get(s)), default=0)
+    for key in keys:
+        oracle[key], oracle_pick[key] = [], []
+        for i in range(n_rounds):
+            phases = len(rounds[NO_SPEC][i][key])
+            tokens = wall = 0.0
+            picks = []
+            for p in range(phases):
+                best = min((s for s in static_labels if rounds.get(s)), key=lambda s: rounds[s][i][key][p]["wall_s"])
+                wall += rounds[best][i][key][p]["wall_s"]
+                tokens += rounds[best][i][key][p]["output_tokens"]
+                picks.append(best.replace("static ", "").replace(NO_SPEC, "off"))
+            oracle[key].append(tokens / wall)
+            oracle_pick[key].append(picks)
+
+    def same_outputs(label: str, key: str) -> str:
+        if not rounds.get(label) or not rounds.get(NO_SPEC):
+            return "?"
+        a, b = rounds[label][0][key], rounds[NO_SPEC][0][key]
+        return "yes" if all(p["outputs"] == q["outputs"] for p, q in zip(a, b, strict=True)) else "NO"
+
+    def med(label: str, key: str) -> float:
+        v = tput.get(label, {}).get(key) or []
+        return statistics.median(v) if v else float("nan")
 
     lines = []
     env = detect_environment()
     lines.append(f"Environment: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                  f"{env['device']}, vLLM {env['vllm_version']}, torch {env['torch_version']}, "
                  f"Python {platform.python_version()}; {dt.date.today().isoformat()}.")
+    lines.append(f"Load before: `{load_before}`; after: `{load_after}`.")
     lines.append(f"Models: {args.models} (target + {args.drafter}, draft_model + parallel_drafting), K_max={kmax}, "
-                 f"concurrency {c} (max_num_seqs {c}), offline vllm.LLM engine, float32, greedy.")
+                 f"offline vllm.LLM engine (max_num_seqs {c}), float32, greedy.")
     n = len(workloads["shifting"][0])
     lines.append(f"Workloads: shifting = {n} predictable, then {n} entropic, then {n} mixed requests; stationary = "
-                 f"3 x {n} mixed requests; max_tokens {workload.classes[PREDICTABLE][0].max_tokens}; {args.rounds} "
-                 "rounds per engine, alternating the two workloads (figures summed over rounds).")
+                 f"3 x {n} mixed requests; max_tokens {workload.classes[PREDICTABLE][0].max_tokens}. At c=1 the "
+                 f"first {args.c1_requests} requests of each phase, one at a time. {n_rounds} rounds; each round "
+                 "runs every configuration once (order rotated); figures: median (min-max) over rounds.")
     fe = prof.fit_error or {}
     lines.append(
         "Profile (measured): AL(K) per class "
@@ -362,53 +445,79 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"Predicted best static K for the mix at concurrency {c}: {best_static} (the controller's fallback). "
                  f"vLLM schedule (predicted from the profile): {schedule}.")
     lines.append("")
-    lines.append("| configuration | shifting tok/s | stationary tok/s | shifting phases tok/s (pred / ent / mixed) "
-                 "| greedy = no-spec |")
-    lines.append("|---|---:|---:|---|---|")
-    for row in rows:
-        if not row.ok:
-            lines.append(f"| {row.label} | failed | failed | | |")
-            continue
-        ph = " / ".join(f"{x:.0f}" for x in row.phases)
-        lines.append(f"| {row.label} | {row.shifting:.1f} | {row.stationary:.1f} | {ph} | "
-                     f"{'yes' if row.same_as_no_spec else 'NO'} |")
+    for cc in concs:
+        lines.append(f"### Concurrency {cc} (output tokens/s)")
+        lines.append("")
+        lines.append("| configuration | shifting | stationary | shifting phases, medians (pred / ent / mixed) "
+                     "| greedy = no-spec |")
+        lines.append("|---|---:|---:|---|---|")
+        for label in [*rounds, "per-phase oracle (computed)"]:
+            if label.startswith("per-phase"):
+                sh, st = oracle[f"c{cc}:shifting"], oracle[f"c{cc}:stationary"]
+                picks = oracle_pick[f"c{cc}:shifting"]
+                ph = "picks " + "; ".join("/".join(p) for p in picks)
+                lines.append(f"| {label} | {spread(sh)} | {spread(st)} | {ph} | |")
+                continue
+            if not rounds[label]:
+                lines.append(f"| {label} | failed | failed | | |")
+                continue
+            key = f"c{cc}:shifting"
+            ph = " / ".join(f"{statistics.median(col):.0f}" for col in zip(*phase_tput[label][key], strict=True))
+            same = "yes" if all(same_outputs(label, f"c{cc}:{w}") == "yes" for w in ("shifting", "stationary")) \
+                else "NO"
+            lines.append(f"| {label} | {spread(tput[label][key])} | {spread(tput[label][f'c{cc}:stationary'])} | "
+                         f"{ph} | {same} |")
+        lines.append("")
+    lines.append("### Ratios against the targets (medians)")
     lines.append("")
-    if adaptive.ok:
-        r_shift = adaptive.shifting / best_shift.shifting
-        r_stat = adaptive.stationary / best_stat.stationary
-        lines.append(f"Adaptive / best static on shifting ({best_shift.label}): {r_shift:.3f}x "
-                     f"(goal >= 1.15x: {'met' if r_shift >= 1.15 else 'NOT met'}).")
-        nospec = next(row for row in rows if row.label == "no speculation")
-        if nospec.ok:
-            lines.append(f"Adaptive / no speculation: {adaptive.shifting / nospec.shifting:.3f}x shifting, "
-                         f"{adaptive.stationary / nospec.stationary:.3f}x stationary.")
-        lines.append(f"Adaptive / best static on stationary ({best_stat.label}): {r_stat:.3f}x "
-                     f"(goal >= 0.98x: {'met' if r_stat >= 0.98 else 'NOT met'}).")
-    lines.append(f"Controller decision time per step at batch 256: {decision_us:.1f} us "
-                 f"(goal < 20 us: {'met' if decision_us < 20 else 'NOT met'}), measured by "
-                 "policies.benchmark_decision_time.")
-    if stats_path.is_file():
-        stats = PluginStats.load(stats_path)
-        hist = stats.depth_histogram()
-        lines.append(f"Adaptive run: verified-depth histogram (request-steps) {hist}; plugin overhead "
-                     f"{stats.overhead_ms / max(stats.steps, 1) * 1000:.0f} us/step; fallback={stats.fallback}.")
+    lines.append("| ratio | value | target | met |")
+    lines.append("|---|---:|---:|---|")
+
+    def best_static_of(key: str) -> str:
+        return max((s for s in static_labels if rounds.get(s)), key=lambda s: med(s, key))
+
+    for label in ("adaptive (new)", "adaptive, trimming only"):
+        if not rounds.get(label):
+            continue
+        for cc in concs:
+            for w in ("shifting", "stationary"):
+                key = f"c{cc}:{w}"
+                bs = best_static_of(key)
+                goal = 1.15 if (cc == 1 and w == "shifting") else 0.98
+                r = med(label, key) / med(bs, key)
+                lines.append(f"| {label} / best static ({bs}), c={cc} {w} | {r:.3f}x | >= {goal}x | "
+                             f"{'yes' if r >= goal else 'NO'} |")
+        for cc in concs:
+            key = f"c{cc}:shifting"
+            ent = [statistics.median(col) for col in zip(*phase_tput[label][key], strict=True)][1]
+            ent0 = [statistics.median(col) for col in zip(*phase_tput[NO_SPEC][key], strict=True)][1]
+            lines.append(f"| {label} / no speculation, c={cc} entropic phase | {ent / ent0:.3f}x | >= 0.95x | "
+                         f"{'yes' if ent / ent0 >= 0.95 else 'NO'} |")
+            oc = statistics.median(oracle[key])
+            lines.append(f"| {label} / per-phase oracle, c={cc} shifting | {med(label, key) / oc:.3f}x | | |")
+    lines.append("")
+    for label, path in stats_paths.items():
+        if not path.is_file():
+            lines.append(f"{label}: no statistics file ({path}).")
+            continue
+        stats = PluginStats.load(path)
+        lines.append(f"**{label}**: verified-depth histogram (request-steps, all phases incl. warm-up) "
+                     f"{stats.depth_histogram()}; plugin overhead {stats.overhead_ms / max(stats.steps, 1) * 1000:.0f} "
+                     f"us/step over {stats.steps} steps; fallback={stats.fallback}; drafter_width "
+                     f"{stats.info.get('drafter_width')}.")
         for phase in sorted(stats.phases()):
             per = {cls: {d: p.num_drafts for d, p in stats.acceptance_by_depth(cls, [phase]).items()}
                    for cls in stats.classes([phase])}
             lines.append(f"- {phase}: drafts by class and verified depth {per}")
+        lines.append("")
     lines += [f"Note: {n_}" for n_ in notes]
     lines.append(f"Total benchmark wall time {time.perf_counter() - started:.0f} s.")
     text = "\n".join(lines) + "\n"
     print()
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        "# Runtime benchmark: adaptive depth controller vs static K vs vLLM's batch-size schedule\n\n"
-        "Produced by `python benchmarks/bench_runtime.py` (the figures below are its printed output).\n\n"
-        + text
-        + EXPLANATION
-    )
-    print(f"Wrote {args.out}")
+    (workdir / "runtime-figures.md").write_text(text)
+    print(f"Figures in {workdir / 'runtime-figures.md'} (write {args.out} with the explanation by hand)")
     return 0
 
 

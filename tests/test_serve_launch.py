@@ -247,7 +247,7 @@ def test_dry_run_binds_loopback_unless_told_and_warns_otherwise(tmp_path: Path) 
 def test_cli_errors_are_one_line_usage_errors(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'peagle.db'}"
     result = CliRunner().invoke(serve, ["--model", MODEL, "--db", db, "--dry-run"])
-    assert result.exit_code == 2 and "peagle-tune search" in result.output
+    assert result.exit_code == 3 and "peagle-tune search" in result.output  # 3: nothing stored matches
     with Store(db) as store:
         add_recommendation(store)
     bad = tmp_path / "p.json"

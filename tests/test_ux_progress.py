@@ -100,3 +100,19 @@ def test_search_json_and_piped_output_have_no_progress(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "engine launch" not in result.stderr and "complete" not in result.stderr
     assert "\n\n" not in result.stderr.strip()
+
+
+def test_search_progress_shows_the_launch_on_its_own_line() -> None:
+    from rich.console import Group
+
+    from autotune.cli._progress import ProgressWithLaunch
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    progress = ProgressWithLaunch(console=console, auto_refresh=False)
+    task = progress.add_task("ok 3, failed 0", total=10, completed=3)
+    assert task == 0
+    progress.launch_line = "engine launch 4 (measurement): load, 0:12 elapsed, ETA ~0:40"
+    console.print(Group(*progress.get_renderables()))
+    lines = out.getvalue().splitlines()
+    assert "ok 3, failed 0" in lines[0] and lines[1] == "  " + progress.launch_line

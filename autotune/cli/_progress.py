@@ -12,7 +12,9 @@ import statistics
 import threading
 from collections.abc import Callable, Iterator
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.progress import Progress
+from rich.text import Text
 
 from autotune.engine import LaunchEvent, observe_launches
 
@@ -50,6 +52,17 @@ class LaunchLine:
                 eta = f"ETA ? (first {event.what}; gives up after {clock(event.timeout_s)})"
             return (f"engine launch {self.count} ({event.what}): {event.phase}, {clock(event.elapsed_s)} elapsed, "
                     f"{eta}")
+
+
+class ProgressWithLaunch(Progress):
+    """A rich progress display with the engine launch under way on its own line below the bars."""
+
+    launch_line: str = ""
+
+    def get_renderables(self) -> Iterator[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.launch_line:
+            yield Text(f"  {self.launch_line}", no_wrap=True, overflow="ellipsis")
 
 
 @contextlib.contextmanager

@@ -101,7 +101,8 @@ def pd_cell(config: SpecConfig) -> str:
 
 
 def config_text(config: SpecConfig | Mapping[str, Any], hypothetical: bool = False) -> str:
-    """A config in words, naming the drafter: ``gpt-oss-120b-p-eagle 4L, parallel drafting, K=4, max_num_seqs=64``."""
+    """A config in words, naming the drafter (as `autotune.export.describe` does):
+    ``amazon/gpt-oss-120b-p-eagle (4L), parallel drafting, K=4, max_num_seqs=64``."""
     if not isinstance(config, SpecConfig):
         raw = dict(config)
         try:
@@ -111,9 +112,9 @@ def config_text(config: SpecConfig | Mapping[str, Any], hypothetical: bool = Fal
     if not config.speculative:
         return f"no speculation, max_num_seqs={config.max_num_seqs}"
     mode = "parallel drafting" if config.parallel_drafting else "sequential drafting"
+    layers = f" ({config.drafter_layers}L{', HYPOTHETICAL' if hypothetical else ''})" if config.drafter_layers else ""
     tokens = f", max_num_batched_tokens={config.max_num_batched_tokens}" if config.max_num_batched_tokens else ""
-    return (f"{drafter_cell(config, hypothetical)} ({config.drafter}), {mode}, K={config.k}, "
-            f"max_num_seqs={config.max_num_seqs}{tokens}")
+    return f"{config.drafter}{layers}, {mode}, K={config.k}, max_num_seqs={config.max_num_seqs}{tokens}"
 
 
 def when(value: Any) -> str:
@@ -149,13 +150,15 @@ def titled(title: str, table: RenderableType, *notes: str | None) -> Group:
 # ----------------------------------------------------------------------------------------------- peagle-tune search
 
 
+def _same_variant(row: Any, r: ScenarioResult) -> bool:
+    """Is per-drafter `row` the variant (drafter, layers, parallel drafting) of `r`'s recommended config?"""
+    c, b = row.best_config, r.best.config
+    return (c.drafter, c.drafter_layers, c.parallel_drafting) == (b.drafter, b.drafter_layers, b.parallel_drafting)
+
+
 def _variant_row(r: ScenarioResult) -> Any:
     """The per-drafter row of the recommended config's drafter variant (for its speedup over EAGLE-3)."""
-    config = r.best.config
-    for row in r.per_drafter:
-        if row.best_config == config:
-            return row
-    return None
+    return next((row for row in r.per_drafter if _same_variant(row, r)), None)
 
 
 def _best_drafter(r: ScenarioResult, wide: bool, model: str) -> str:
@@ -225,7 +228,7 @@ def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
     table = _table(*cols, right=set(cols) - {"drafter", "PD"})
     for i, r in enumerate(run.results):
         for j, row in enumerate(r.per_drafter):
-            chosen = r.feasible and row.best_config == r.best.config
+            chosen = r.feasible and _same_variant(row, r)
             vs_e3 = "ref" if row.is_eagle3_reference else fmt(row.speedup_vs_eagle3, ".2f", "x")
             name = drafter_cell(row.best_config, row.hypothetical, full=wide, model=run.model)
             table.add_row(

@@ -76,7 +76,7 @@ def export(
     text, warnings = render(fmt, record, as_json=out_path is not None and out_path.suffix.lower() == ".json")
 
     def say(line: str, style: str | None = None) -> None:
-        err_console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+        err_console.print(line, style=style, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
 
     first, second = describe(record)
     say(f"Exporting {fmt} of {first}")

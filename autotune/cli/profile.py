@@ -91,7 +91,7 @@ def profile(
 
     def progress(line: str) -> None:
         if live:
-            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+            err_console.print(line, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
 
     with launch_progress(err_console, enabled=live):
         results = run_profile(

@@ -188,7 +188,7 @@ def search(
     out = err_console if as_json else console
     plan = plan_search(store, options)
     for note in plan.notes:
-        out.print(note, style="bold", highlight=False, markup=False, soft_wrap=True)
+        out.print(note, style="bold", highlight=False, markup=False, soft_wrap=not out.is_terminal)
     run = plan.run(lambda search, scenario: _with_progress(search, scenario, out, live=not as_json))
     if as_json:
         sys.stdout.write(json.dumps(run_dict(run), indent=2, default=str) + "\n")
@@ -210,38 +210,37 @@ def _with_progress(search: Search, scenario: Scenario, console: Console, *, live
     """Run one scenario's search under a progress bar (complete/failed counts of every worker, and the engine
     launch under way with its phase, elapsed time and ETA). Only in a terminal and when `live`: piped output and
     --json get no progress display."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from autotune.cli._progress import launch_progress
+    from autotune.cli._progress import ProgressWithLaunch, launch_progress
 
     def resumed(e: SearchEvent) -> None:
         if e.kind == "start" and e.done:
             console.print(
                 f"Resuming study {e.study}: {e.done} of {e.target} trials already finished"
                 + (f", {e.running} running on other workers." if e.running else "."),
-                highlight=False, soft_wrap=True,
+                highlight=False, soft_wrap=not console.is_terminal,
             )
 
     if not (live and console.is_terminal):
         return search.run_scenario(scenario, resumed)
-    with Progress(
+    with ProgressWithLaunch(
         TextColumn(f"c={scenario.concurrency}"),
         BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[launch]}"),
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task("", total=search.target, launch="")
+        task = progress.add_task("", total=search.target)
 
         def on_event(e: SearchEvent) -> None:
             resumed(e)
             progress.update(task, completed=min(e.done, e.target), total=e.target, description=_states(e))
 
         def show_launch(line: str | None) -> None:
-            progress.update(task, launch=f"\n  {line}" if line else "")
+            progress.launch_line = line or ""
 
         with launch_progress(console, enabled=True, show=show_launch):
             return search.run_scenario(scenario, on_event)
@@ -257,8 +256,8 @@ def _states(e: SearchEvent) -> str:
 
 
 def _say(console: Console, text: str, style: str | None = None) -> None:
-    """A note line: soft-wrapped (the terminal wraps it; piped output keeps it on one line to copy)."""
-    console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)
+    """A note line: word-wrapped in a terminal; piped, one line (nothing cut in the middle of a command to copy)."""
+    console.print(text, style=style, highlight=False, markup=False, soft_wrap=not console.is_terminal)
 
 
 def print_results(run: SearchRun, console: Console, store: Any, *, wide: bool = False) -> None:

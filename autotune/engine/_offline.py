@@ -22,6 +22,7 @@ from typing import Any
 from autotune.engine._constants import WARMUP_MAX_TOKENS
 from autotune.engine._counters import snapshot_from_metrics, spec_delta
 from autotune.engine._harness import EngineSession, enter, request_from_dict, worker_main
+from autotune.engine._watchdog import raise_if_aborted
 from autotune.workloads import WorkloadRequest
 
 
@@ -67,6 +68,7 @@ def measure_classes(job: Mapping[str, Any], session: EngineSession) -> dict[str,
         t = time.perf_counter()
         outs = llm.generate([session.prompt(r) for r in reqs], [params(r) for r in reqs], use_tqdm=False)
         wall = time.perf_counter() - t
+        raise_if_aborted(llm, outs, f"class {name!r}")  # an engine stopped under them returns them cut short
         after = snapshot_from_metrics(llm.get_metrics())
         lat = [_request_latencies(o) for o in outs]
         entry: dict[str, Any] = {

@@ -86,7 +86,11 @@ def _serve_and_measure(
                     "exc_type": type(exc).__name__,
                     "exc_types": [c.__name__ for c in type(exc).__mro__],
                     "message": str(exc),
-                    "kind_hint": None if died or not isinstance(exc, ServeRequestError) else "invalid_config",
+                    # A dead engine core answers 500 while vLLM's API server still runs (it shuts down seconds
+                    # later) and /health answers 503: that is no rejected config.
+                    "kind_hint": "invalid_config"
+                    if isinstance(exc, ServeRequestError) and not died and is_healthy(base)
+                    else None,
                 }
     finally:
         kill_process_group(proc, grace_s=SERVER_SHUTDOWN_GRACE_S)

