@@ -325,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     schedule_spec = spec(max(top, 1), num_speculative_tokens_per_batch_size=schedule)
     schedule_label = f"vLLM schedule {schedule}"
     configs.append((schedule_label, job(schedule_spec), {}))
+    # What each configuration is, for benchmarks/validate_simulate.py and benchmarks/model_error.py (they replay the
+    # same requests in the simulator / predict them from the profile, and compare with the rounds measured here).
+    kinds: dict[str, dict[str, Any]] = {NO_SPEC: {"kind": "none"}, schedule_label: {"kind": "schedule",
+                                                                                     "entries": schedule}}
+    kinds.update({f"static K={k}": {"kind": "static", "k": k} for k in range(1, kmax + 1)})
     # Both classes declared: the plugin takes a request's class label only for classes its policy knows.
     policy = RequestPolicy(
         static_k=best_static, max_k=kmax, default_class=PREDICTABLE, classes={ENTROPIC: ClassPolicy()}
@@ -342,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                               adaptive=adaptive_cfg, drafter_width=width)
         plugin_path = plugin.save(workdir / f"adaptive-{name}-plugin.json")
         configs.append((label, job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(plugin_path)}))
+        kinds[label] = {"kind": "adaptive", "policy": policy.to_dict(), "drafter_width": width is None}
+    (workdir / "profile.json").write_text(json.dumps(prof.to_dict()))
 
     # ---- load every engine, then interleave the configurations in rounds ------------------------------------
     # Every engine stays resident (~2.3 GB each with the fixtures: worker ~1.8 GB incl. 1 GiB KV + engine core):
@@ -385,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{e.label} failed: {e.failure[-300:]!r}")
 
     (workdir / "rounds.json").write_text(json.dumps(rounds))
+    (workdir / "bench.json").write_text(json.dumps({
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load_before": load_before,
+        "load_after": load_after, "concurrencies": concs, "max_k": kmax, "c1_requests": args.c1_requests,
+        "workloads": workloads, "configs": kinds,
+    }))
     # ---- figures --------------------------------------------------------------------------------------------
     static_labels = [NO_SPEC] + [f"static K={k}" for k in range(1, kmax + 1)]
     keys = [f"c{cc}:{w}" for cc in concs for w in ("shifting", "stationary")]

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autotune.backends._drafter_cost import request_kv_bytes
-from autotune.backends._roofline import RooflineParams, expected_distinct_experts, routed_tokens, scaled_gpu
+from autotune.backends._roofline import (
+    RooflineParams,
+    expected_distinct_experts,
+    routed_tokens,
+    scaled_gpu,
+    target_pass,
+)
 from autotune.backends._step import (
     Calibration,
     MemoryBudget,
@@ -271,6 +277,11 @@ class ModelBackend(Backend):
         return step_time(
             self.model, self.gpu, batch_size, config.k, drafter, config.parallel_drafting, context, self.params
         )
+
+    def target_pass_ms(self, tokens: int, requests: int, context_tokens: float) -> float:
+        """Predicted time of one target forward pass over `tokens` tokens of `requests` requests at a mean of
+        `context_tokens` of context, ms (uncalibrated roofline; a prefill chunk is a pass with many tokens)."""
+        return target_pass(self.model, self.gpu, tokens, requests, context_tokens, self.params).total_ms
 
     def predict_step_ms(self, config: SpecConfig, batch_size: int, context_tokens: float | None = None) -> float:
         """Predicted time of one engine step, ms: `batch_size` requests each verifying K drafts plus drafting.

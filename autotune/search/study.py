@@ -319,7 +319,10 @@ class Search:
                 unclaimed = [c for c in self.space.grid() if c not in claimed]
                 if not unclaimed:
                     return None  # every config of the space has been measured (or is being measured)
-                if run.streak >= DUPLICATE_STREAK_LIMIT:
+                # A prediction is deterministic and cheap: a repeated proposal teaches the sampler nothing, so move
+                # on at the first one (each claim costs a storage round trip; measured backends keep the streak).
+                limit = 1 if self.backend.capabilities.predicts else DUPLICATE_STREAK_LIMIT
+                if run.streak >= limit:
                     run.ctx.enqueue(run.rng.choice(unclaimed))
                     run.streak = 0
             trial = study.ask()

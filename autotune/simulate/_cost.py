@@ -10,7 +10,7 @@ that; a `StepCostSource` prices it. Two sources:
   step from its parts: the target side interpolated in V between the two neighbouring uniform depths, the
   speculation overhead when the drafter runs, the drafter side at depth D, and the backend's `Calibration` over
   both sides. A uniform step (every K_r = D = K) is exactly ``ModelBackend.predict_step_ms``. Prefill tokens add
-  the marginal cost of a longer target pass (``autotune.backends._roofline.target_pass``, the function the
+  the marginal cost of a longer target pass (``ModelBackend.target_pass_ms``, the roofline pass the
   backend's own step time is built on): on a MoE model a decode batch already reads most experts, so an isolated
   prefill pass would count them twice.
 - `FittedStepCost`: a measured `policies.StepCostModel` fit (what ``peagle-tune profile`` stores): its
@@ -187,18 +187,14 @@ class RooflineStepCost:
 
     def _prefill_marginal_ms(self, shape: StepShape, context: int) -> float:
         """Extra target-pass time for the prompt tokens of a mixed step (all of it for a prefill-only step)."""
-        from autotune.backends._roofline import target_pass
-
         backend = self.backend
         prompt_ctx = shape.prefill_tokens / max(shape.prefill_requests, 1) / 2.0
         requests = shape.batch_size + shape.prefill_requests
         mean_ctx = (shape.batch_size * context + shape.prefill_requests * prompt_ctx) / requests
-        full = target_pass(backend.model, backend.gpu, shape.verified_tokens + shape.prefill_tokens, requests,
-                           mean_ctx, backend.params).total_ms
+        full = backend.target_pass_ms(shape.verified_tokens + shape.prefill_tokens, requests, mean_ctx)
         if shape.batch_size == 0:
             return full
-        decode_only = target_pass(backend.model, backend.gpu, shape.verified_tokens, shape.batch_size, float(context),
-                                  backend.params).total_ms
+        decode_only = backend.target_pass_ms(shape.verified_tokens, shape.batch_size, float(context))
         return max(full - decode_only, 0.0)
 
 
