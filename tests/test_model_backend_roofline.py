@@ -13,6 +13,7 @@ from autotune.backends._roofline import (
     RooflineParams,
     attention_flops_per_token,
     expected_distinct_experts,
+    moe_tile,
     routed_tokens,
     target_pass,
     tensor_tflops,
@@ -234,16 +235,31 @@ def test_moe_grouped_gemms_turn_compute_bound_when_tokens_share_experts() -> Non
     # toy MoE: 64 experts of 1 M params (1 B each) x 10 layers, top-2; tile 16 rows; MoE at 10% of the 200 TFLOP/s
     # fp8 rate = 20 TFLOP/s. 8 tokens: 7.5 experts, one padded tile each -> 7.5 * 16 rows * 2 * 1 M * 10
     # = 2.4 GFLOP (0.12 ms) against 75 MB of experts (0.075 ms): the tile padding already shows. 1000 tokens: all
-    # 64 experts, 2000 rows + 64 * 8 padding = 2512 rows -> 50 GFLOP = 2.5 ms against 0.64 ms of weights.
+    # 64 experts, 2000 rows = 31 per expert, so the tile grows to 32 (next power of two, `moe_tile`): 2000 rows
+    # + 64 * 16 padding = 3024 rows -> 60 GFLOP = 3.0 ms against 0.64 ms of weights.
     params = dataclasses.replace(IDEAL, moe_compute_efficiency=0.1, moe_tile_rows=16)
     model = moe()
     few = target_pass(model, GPU, 8, 8, 0, params)
     experts = expected_distinct_experts(64, 2, 8)
     assert few.flops - 2 * 8 * 0.1e9 == pytest.approx(2 * 10 * experts * 16 * 1e6)
     many = target_pass(model, GPU, 1000, 1000, 0, params)
-    moe_ms = 2 * 10 * (2000 + 64 * 8) * 1e6 / 20e12 * 1e3
-    assert moe_ms == pytest.approx(2.512)
+    assert moe_tile(2000, 64, params) == 32
+    moe_ms = 2 * 10 * (2000 + 64 * 16) * 1e6 / 20e12 * 1e3
+    assert moe_ms == pytest.approx(3.024)
     assert many.compute_bound_ms == pytest.approx(moe_ms + 2 * 1000 * 0.1e9 / 100e12 * 1e3)
+
+
+def test_moe_tile_grows_with_rows_per_expert_like_triton_kernels() -> None:
+    # block_m = max(16, min(next_pow2(rows // experts), 128)): gpt-oss-120b (128 experts, top-4) at 64 requests x
+    # 5 verified tokens routes 1280 rows, 10 per expert -> 16; gpt-oss-20b (32 experts) at that step 40 -> 64;
+    # plain decoding of 64 requests on gpt-oss-20b: 256 rows, 8 per expert -> 16; a long prefill caps at 128.
+    params = RooflineParams()
+    assert moe_tile(1280, 128, params) == 16
+    assert moe_tile(1280, 32, params) == 64
+    assert moe_tile(256, 32, params) == 16
+    assert moe_tile(2560, 128, params) == 32
+    assert moe_tile(8192 * 4, 32, params) == 128
+    assert moe_tile(0, 32, params) == 16
 
 
 def test_tokens_of_one_request_route_alike() -> None:

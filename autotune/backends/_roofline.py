@@ -11,7 +11,8 @@ another kernel's):
 - dense matmuls (attention projections, router, LM head): all non-expert weights once per pass, ``2 T`` FLOPs per
   weight at the BF16 rate;
 - MoE experts: only the experts the step's tokens route to (`expected_distinct_experts`); grouped GEMMs pad each
-  active expert's rows to `RooflineParams.moe_tile_rows` and run at `moe_compute_efficiency` of the tensor peak,
+  active expert's rows to a tile that grows with rows per expert (`moe_tile`) and run at `moe_compute_efficiency`
+  of the tensor peak,
   so they are memory-bound at decode batch sizes and turn compute-bound once enough tokens share each expert
   (what makes verification stop being free at high concurrency);
 - attention over the KV cache: each request reads its context once whatever K (the K + 1 queries share it),
@@ -45,6 +46,7 @@ __all__ = [
     "compute_ms",
     "expected_distinct_experts",
     "memory_ms",
+    "moe_tile",
     "routed_tokens",
     "scaled_gpu",
     "target_pass",
@@ -69,19 +71,25 @@ class RooflineParams:
     bandwidth_efficiency: float = 0.828
     """FITTED. Fraction of the datasheet HBM bandwidth decode kernels achieve. Bandwidth tests on H100/H200/B200
     reach ~90% of peak, tuned GEMV/attention/grouped-GEMM kernels 70-85%; prior 0.8."""
-    compute_efficiency: float = 0.432
+    compute_efficiency: float = 0.467
     """FITTED. Fraction of the dense tensor-core peak that dense matmuls and attention achieve at decode shapes.
     cuBLAS reaches 70-80% on large square bf16 GEMMs; decode shapes (a few hundred rows, attention) less; prior
     0.5."""
-    moe_compute_efficiency: float = 0.35
+    moe_compute_efficiency: float = 0.341
     """FITTED. Fraction of the tensor-core peak (of the expert weight format, `tensor_tflops`) that grouped MoE GEMMs
     achieve: many small per-expert tiles, token permutes and (on Hopper) in-loop MXFP4 -> bf16 dequantisation keep
     them well below dense GEMMs; prior 0.35. This is what turns verification compute-bound at high concurrency."""
     moe_tile_rows: int = 16
-    """Row tile of a grouped MoE GEMM: each active expert's token rows are padded up to a multiple of it (vLLM's
-    fused-MoE kernels use BLOCK_SIZE_M = 16 at small batch). With m tokens on an expert the padded rows average
-    ``max(tile, m + tile / 2)`` (at least one tile; above it, half a tile of waste)."""
-    step_overhead_ms: float = 0.375
+    """Smallest row tile of a grouped MoE GEMM: each active expert's token rows are padded up to a multiple of the
+    tile (`moe_tile`). With m tokens on an expert the padded rows average ``max(tile, m + tile / 2)`` (at least one
+    tile; above it, half a tile of waste)."""
+    moe_max_tile_rows: int = 128
+    """Largest row tile. The tile grows with the routed rows per expert: triton_kernels' ``matmul_ogs`` (vLLM's
+    gpt-oss MXFP4 MoE path on Hopper) picks ``block_m = max(16, min(next_pow2(rows // experts), 128))`` (the
+    heuristic vLLM restates in ``fused_moe/experts/gpt_oss_triton_kernels_moe.py``); other grouped-GEMM backends
+    scale their tiles with tokens per expert alike. A larger tile wastes more padded rows once experts hold more
+    than 16 rows each (gpt-oss-20b's 32 experts from ~concurrency 16 with K >= 3)."""
+    step_overhead_ms: float = 0.379
     """FITTED. Per engine step, ms: scheduling, input preparation, sampler launch and output processing that
     async scheduling does not hide (vLLM V1 spends a few hundred microseconds of CPU per step); prior 0.4."""
     request_overhead_ms: float = 0.008
@@ -95,25 +103,25 @@ class RooflineParams:
     activation, un-permute: ~8 more small kernels at ~4 us."""
     spec_step_overhead_ms: float = 0.15
     """Extra per step that speculates, ms: rejection sampling kernels, draft bookkeeping, one more host sync."""
-    spec_request_overhead_ms: float = 0.027
+    spec_request_overhead_ms: float = 0.03
     """FITTED. Extra per running request per step that speculates, ms: the host-side work speculation adds per
     request (the scheduler appending and trimming K draft token ids and the accepted count, spec-decode metadata
     and the drafter's per-request input preparation), exposed because the accepted count must reach the host
     before the next step is scheduled. ~2-4x the 8 us of a plain decode step's per-request work; prior 0.03.
-    It is what keeps speculation's gain from growing at c >= 32 (docs/benchmarks/model.md, "Across
-    concurrency"): published high-concurrency gains for gpt-oss-120b (Red Hat, vLLM on H200: +10-21% up to 200
-    requests) are far below a step that only pays weights."""
+    It is the term that grows with concurrency whatever the weights: it damps, but does not reverse, the rise of
+    gpt-oss-120b's gain from c = 8 to c = 64 (reversing it would take ~80-120 us, 3-4x the prior; see
+    docs/benchmarks/model.md, "Why gpt-oss-120b's gain at c = 64 stays above c = 1")."""
     moe_row_bytes_per_hidden: float = 16.0
     """Activation bytes per routed row (token x expert) per MoE layer, in units of hidden_size: the token
     permute/gather (h bf16 read), the gate_up output written and read (2 x 2h bf16), the activation written and
     read (2 x h), the down output written and read for the weighted combine (2 x h): 2 * (1 + 4 + 2 + 2) ~ 16-18
     h bytes. Token-proportional traffic the weight roofline misses (gpt-oss: 46 KB per row per layer)."""
-    draft_pass_overhead_ms: float = 0.306
+    draft_pass_overhead_ms: float = 0.308
     """FITTED. Per drafter forward pass, ms: preparing its inputs (hidden-state gather, positions, slot mapping,
     attention metadata, done on the host per pass), its launch and the argmax over its logits; its layers and LM
     head add `layer_overhead_ms` each on top. vLLM's sequential EAGLE loop pays it K times, parallel drafting once;
     prior 0.3 (vLLM PR #32628 sees sequential TPOT grow ~0.24 ms per extra draft token at concurrency 1)."""
-    routing_locality: float = 0.479
+    routing_locality: float = 0.481
     """FITTED. Share of a token's experts already chosen by the previous token of the same request (consecutive
     tokens route alike): the K + 1 verified tokens of one request touch experts like ``1 + K * (1 - locality)``
     independent tokens. 0 = independent routing; prior 0.3."""
@@ -165,8 +173,11 @@ class RooflineParams:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0.0):
                 raise UsageError(f"RooflineParams.{name} must be > 0, but got {name}={value}.")
-        if self.moe_tile_rows < 1:
-            raise UsageError(f"RooflineParams.moe_tile_rows must be >= 1, but got {self.moe_tile_rows}.")
+        if not 1 <= self.moe_tile_rows <= self.moe_max_tile_rows:
+            raise UsageError(
+                "RooflineParams.moe_tile_rows must be >= 1 and <= moe_max_tile_rows, but got "
+                f"moe_tile_rows={self.moe_tile_rows}, moe_max_tile_rows={self.moe_max_tile_rows}."
+            )
         if self.default_prompt_tokens < 1 or self.default_output_tokens < 1:
             raise UsageError(
                 "RooflineParams.default_prompt_tokens and default_output_tokens must be >= 1, but got "
@@ -215,6 +226,18 @@ def routed_tokens(batch_size: int, k: int, locality: float) -> float:
     a fresh token's new experts. Example: B = 1, K = 7, locality 0.3 -> 5.9 (not 8).
     """
     return batch_size * (1.0 + k * (1.0 - locality))
+
+
+def moe_tile(routed_rows: float, num_experts: int, params: RooflineParams) -> int:
+    """Row tile of the grouped MoE GEMMs for `routed_rows` (token x expert) rows over `num_experts` experts:
+    ``max(min_tile, min(next_pow2(rows // experts), max_tile))`` (`RooflineParams.moe_max_tile_rows`).
+
+    Examples (tiles 16..128): gpt-oss-120b (128 experts, top-4) at 64 requests x 5 verified tokens: 1280 rows,
+    10 per expert -> 16; gpt-oss-20b (32 experts) at the same step: 40 per expert -> 64.
+    """
+    per_expert = int(routed_rows) // max(num_experts, 1)
+    tile = 1 << max(per_expert - 1, 0).bit_length()  # next power of two >= per_expert (1 for 0 or 1)
+    return max(params.moe_tile_rows, min(tile, params.moe_max_tile_rows))
 
 
 def tensor_tflops(bytes_per_param: float, gpu: GPUSpec) -> float:
@@ -402,8 +425,9 @@ def target_pass(
     # Token-proportional activation traffic of the routed rows (not weights: reported apart from weight_bytes).
     row_bytes = (model.num_layers * tokens * model.experts_per_token * model.hidden_size
                  * params.moe_row_bytes_per_hidden) if experts > 0 else 0.0
-    tile = float(params.moe_tile_rows)
-    rows = max(experts * tile, tokens * model.experts_per_token + experts * tile / 2.0) if experts > 0 else 0.0
+    routed_rows = tokens * model.experts_per_token
+    tile = float(moe_tile(routed_rows, model.num_experts, params))
+    rows = max(experts * tile, routed_rows + experts * tile / 2.0) if experts > 0 else 0.0
     moe_flops = 2.0 * model.num_layers * rows * per_expert
     # compute_ms applies compute_efficiency; grouped MoE GEMMs run at moe_compute_efficiency instead.
     moe_rate = tensor_tflops(model.bytes_per_param_expert, gpu) * params.moe_compute_efficiency

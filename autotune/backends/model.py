@@ -343,11 +343,11 @@ class ModelBackend(Backend):
         batch, saturated = self._batch(scenario, slots, k, al, step_ms, shape)
         step = step_ms(batch, k)
         length = al(k)
-        tokens_per_s = batch * length / step * 1000.0
+        tokens_per_s = batch * length / (step + self._prompt_ms_per_step(batch, k, length, shape)) * 1000.0
         tpot = step / length
         base_batch, _ = self._batch(scenario, self._slots(config, scenario, 0), 0, al, step_ms, shape)
         base_step = step_ms(base_batch, 0)
-        base_tokens_per_s = base_batch / base_step * 1000.0
+        base_tokens_per_s = base_batch / (base_step + self._prompt_ms_per_step(base_batch, 0, 1.0, shape)) * 1000.0
         if scenario.request_rate is not None and not saturated:
             # Open loop below capacity: both serve the offered load; the gain is per-request decode speed.
             offered = scenario.request_rate * shape.output_tokens
@@ -393,6 +393,25 @@ class ModelBackend(Backend):
         )
 
     # ---- internals -------------------------------------------------------------------------------------------
+    def _prompt_ms_per_step(self, batch: int, k: int, length: float, shape: WorkloadShape) -> float:
+        """Prompt processing per decode step, ms, for a fitted (measured) cost model; 0 for the roofline.
+
+        Closed loop at B requests: while a request generates its O output tokens (O / AL steps) the B running
+        requests are replaced once on average, and each newcomer's P prompt tokens ride in a decode step at the
+        fit's marginal cost per token. So every decode step carries B * AL / O of a prompt: on short outputs
+        (the CPU fixtures: 48 tokens) prompts are a large share of the wall time. The roofline's constants were
+        fitted to published end-to-end throughput, which already absorbs prompt processing.
+        """
+        model = self.cost_model
+        predict_tokens = getattr(model, "predict_tokens", None)
+        if model is None or predict_tokens is None or shape.output_tokens <= 0:
+            return 0.0
+        verified = batch * (k + 1)
+        prompt = max(int(round(shape.prompt_tokens)), 1)
+        marginal = float(predict_tokens(batch, verified + prompt, k > 0, k)) - float(
+            predict_tokens(batch, verified, k > 0, k))
+        return max(marginal, 0.0) * batch * length / shape.output_tokens
+
     def _find_drafter(self, name: str) -> DrafterSpec:
         wanted = name.strip().lower()
         for d in self.drafters:
