@@ -337,3 +337,15 @@ def test_backend_accepts_names_and_specs() -> None:
     by_spec = ModelBackend(resolve_model(GPT_OSS), get_gpu("h200"))
     assert by_name.name == "model"
     assert by_name.device == by_spec.device  # the catalog's default GPU is the H200
+
+
+def test_a_refit_changes_what_the_figures_depend_on_so_stored_studies_are_not_resumed() -> None:
+    from dataclasses import replace
+
+    from autotune.backends.model import RooflineParams
+
+    same = ModelBackend("gpt-oss-120b", "h200").figure_inputs()
+    assert same == ModelBackend("gpt-oss-120b", "h200").figure_inputs()  # deterministic: a re-run resumes
+    refit = replace(RooflineParams(), step_overhead_ms=RooflineParams().step_overhead_ms + 0.1)
+    assert ModelBackend("gpt-oss-120b", "h200", params=refit).figure_inputs() != same
+    assert ModelBackend("gpt-oss-120b", "b200").figure_inputs() != same

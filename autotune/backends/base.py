@@ -42,6 +42,12 @@ class Backend(abc.ABC):
         """The target model an engine of this backend loads (a local directory or hub id); None: it loads none."""
         return None
 
+    def figure_inputs(self) -> str:
+        """What a predicting backend's figures depend on besides the config and workload (constants, calibration,
+        profiles), as text. Part of a study's fingerprint, so a refit or a new profile starts a new study instead of
+        resuming one whose stored figures it would no longer give. Empty: nothing (measuring backends)."""
+        return ""
+
     @abc.abstractmethod
     def measure(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement:
         """Return a Measurement. Failures (OOM, crash, invalid config, timeout) come back as

@@ -296,6 +296,14 @@ class ModelBackend(Backend):
         return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
 
     # ---- Backend ---------------------------------------------------------------------------------------------
+    def figure_inputs(self) -> str:
+        cost = self.cost_model
+        return repr((
+            self.model, self.gpu, self.params, self.calibration, self.drafters, self.acceptance_drafter,
+            self.context_tokens, {c: p.to_dict() for c, p in sorted(self.acceptance.items())},
+            getattr(cost, "to_dict", lambda: repr(cost))(),
+        ))
+
     def measure(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement:
         """Predict `config` on `workload` at `scenario`; failures (unknown drafter, no acceptance figure, does
         not fit in memory) come back as ``Measurement.failed``."""

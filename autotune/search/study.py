@@ -139,9 +139,14 @@ class Search:
             )
 
     def fingerprint(self) -> str:
-        """6 hex digits identifying the space and workload content (part of default study names, so a changed space
-        or workload starts a new study instead of resuming an incompatible one)."""
-        blob = json.dumps([self.space.to_dict(), self.workload.content_hash()], sort_keys=True)
+        """6 hex digits identifying the space, the workload content and what a predicting backend's figures depend
+        on (part of default study names, so a changed space, workload or refitted model starts a new study instead
+        of resuming an incompatible one)."""
+        parts: list[Any] = [self.space.to_dict(), self.workload.content_hash()]
+        inputs = self.backend.figure_inputs()
+        if inputs:  # measuring backends add nothing: their existing study names stay valid
+            parts.append(inputs)
+        blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:6]
 
     @property
