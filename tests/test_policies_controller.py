@@ -331,3 +331,75 @@ def test_a_class_absent_for_a_long_phase_returns_at_its_learnt_depth() -> None:
         ctl.observe_step([(f"p{i}", "predictable", 3, 3) for i in range(4)])
     assert ctl.decide(_batch(4, "predictable")).plan["predictable"] == 3
     assert before == 0 and ctl.decide(entropic).plan["entropic"] == before
+
+
+# The quiet runtime benchmark (docs/benchmarks/runtime.md, plugin statistics step_costs), batch 1, drafter width live:
+# median ms by (verified tokens V, drafter ran in the step).
+BENCH_STEP_MS = {(1, False): 3.70, (1, True): 6.31, (5, False): 4.45, (5, True): 6.27}
+# The step-cost model and class profiles the benchmark's plugin config carried (fit on the offline profile).
+BENCH_COST = StepCostModel({
+    "base": 3.0624, "per_request": 0.0608, "per_verified_token": 0.1519, "drafter_fixed": 2.2772,
+    "drafter_per_request": 0.2662,
+})
+BENCH_PROFILES = {
+    "entropic": AcceptanceProfile(1562, (361, 0, 0, 0)),  # AL(4) = 1.23
+    "predictable": AcceptanceProfile(551, (546, 507, 500, 489)),  # AL(4) = 4.71
+}
+
+
+def _bench_controller(**options: Any) -> DepthController:
+    estimator = AcceptanceEstimator.from_profiles(BENCH_PROFILES, max_k=4, prior_strength=20.0, decay=0.98)
+    cost = StepCostModel.from_dict(BENCH_COST.to_dict())
+    return DepthController(cost, estimator, max_k=4, static_k=4, drafter_always_runs=False, **options)
+
+
+def _serve_alone(ctl: DepthController, view: RequestView, steps: int, accept: int) -> list[int]:
+    """One request served alone for ``steps`` decode steps, as the plugin drives the controller: the depth decided at
+    step n is drafted at n (so it decides whether the drafter runs at n) and verified at n + 1. Returns the depths."""
+    batch = TrackedBatch([view])
+    verified, depths = 0, []
+    for _ in range(steps):
+        drafting = ctl.decide(batch).depth_for(view)
+        ms = BENCH_STEP_MS[(1 if verified == 0 else 5, drafting > 0)]
+        ctl.observe_step([(view.request_id, view.cls, verified, min(accept, verified))], ms)
+        depths.append(drafting)
+        verified = drafting
+    return depths
+
+
+def test_a_long_single_shape_stretch_does_not_make_the_drafter_look_free_at_c1() -> None:
+    """Benchmark replay (issue 10, c=1): after 12 predictable requests at depth 4, the next entropic request was
+    verified at depth 4 for its first 13+ steps. The step-cost model's online fit, fed one shape for ~150 steps (and
+    steps labelled by the depth verified rather than the drafter's width), predicted an off-step at 6.7 ms where
+    3.7 ms were measured. Entropic at depth 4 yields 1.23 tokens in 6.27 ms (0.196/ms) against 1 token in 3.70 ms
+    (0.270/ms) with the drafter off, so only explorations (every 16 steps) may verify it."""
+    ctl = _bench_controller()
+    for i in range(12):
+        depths = _serve_alone(ctl, RequestView(f"p{i}", "predictable"), 12, accept=4)
+        assert depths[1:] == [4] * 11
+    depths = _serve_alone(ctl, RequestView("e0", "entropic"), 48, accept=0)
+    assert sum(d > 0 for d in depths) <= 3  # 48 steps, one exploration per 16
+    # The model still prices the measured shapes: off-step and depth-4 step at batch 1.
+    assert ctl.cost_model.predict_tokens(1, 1, False) == pytest.approx(3.70, rel=0.05)
+    assert ctl.cost_model.predict_tokens(1, 5, True, 4) == pytest.approx(6.27, rel=0.05)
+
+
+def test_step_times_are_labelled_by_the_drafters_width_not_the_verified_depth() -> None:
+    """A step that verifies 4 drafts but drafts none (the last step before an off stretch) ran without the drafter:
+    4.45 ms measured. Labelled by its verified depth it would teach the model a 4.45 ms drafter step."""
+    ctl = _bench_controller(refresh_every=1, explore_every=0)
+    for _ in range(200):
+        ctl.observe_step([("a", "predictable", 4, 4)], step_ms=4.45, drafting_depth=0)
+        ctl.observe_step([("a", "predictable", 0, 0)], step_ms=6.31, drafting_depth=4)
+    ctl.refresh()
+    assert ctl.cost_model.predict_tokens(1, 5, False) == pytest.approx(4.45, rel=0.02)
+    assert ctl.cost_model.predict_tokens(1, 1, True, 4) == pytest.approx(6.31, rel=0.02)
+    # Without drafting_depth, the drafter's width is the controller's own last decision (synchronous scheduling:
+    # decide at schedule(n), observe after step n): entropic alone is decided at depth 0, so its steps are off-steps.
+    ctl = _bench_controller(refresh_every=1, explore_every=0)
+    batch = [RequestView("b", "entropic")]
+    for _ in range(200):
+        assert ctl.decide(batch).batch_depth == 0
+        ctl.observe_step([("b", "entropic", 4, 0)], step_ms=4.45)
+    ctl.refresh()
+    assert ctl.cost_model.predict_tokens(1, 5, False) == pytest.approx(4.45, rel=0.02)

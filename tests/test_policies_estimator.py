@@ -33,8 +33,28 @@ def test_a_rejection_judges_only_positions_up_to_the_first_failure() -> None:
     rates = est.conditional("c")
     assert rates[0] == pytest.approx(1.0, abs=0.005)
     assert rates[1] == pytest.approx(0.0, abs=0.005)
-    # Unjudged positions carry no data: they sit at the uninformative 0.5 of the global floor.
-    assert rates[2:].tolist() == pytest.approx([0.5, 0.5])
+    # Unjudged positions carry no data: they sit at the uninformative 0.5 of the global floor (scaled by the class's
+    # ratio to the global rate at position 0: (500 + 2 g0) / 502 / g0 with g0 = 500.5 / 501, i.e. 1.001).
+    assert rates[2:].tolist() == pytest.approx([0.5, 0.5], abs=0.001)
+
+
+def test_a_class_that_rarely_accepts_is_not_lifted_by_the_pooled_rate_where_it_has_no_trials() -> None:
+    # The runtime benchmark's classes: predictable accepts ~0.95 at every position; entropic 0.25 at position 0 and
+    # never beyond, so only a quarter of its drafts ever reach position 1 and none reach position 2.
+    est = AcceptanceEstimator(4, decay=1.0)
+    est.observe_many("predictable", [4] * 400, [4] * 400)
+    est.observe_many("entropic", [4] * 40, [1] * 10 + [0] * 30)
+    g = est.global_conditional()
+    rates = est.conditional("entropic")
+    # Position 0: (10 + 2 g0) / 42 with g0 = (410 + 0.5) / 441 = 0.931 -> 0.282; position 1: 10 trials, 0 accepted.
+    assert rates[0] == pytest.approx((10 + 2 * g[0]) / 42)
+    assert rates[1] < 0.1
+    # Positions 2-3: no trials. Shrunk towards the pooled rate (~1.0) they would read 0.999 (and position 1, with 2
+    # pseudo-trials at 0.974 against 10 failures, 0.162): AL(4) = 1.42. Scaled by the class's own ratio at position 0
+    # (0.282 / 0.931 = 0.30), they read 0.30 (position 1: 0.049) and AL(4) = 1.30, next to the measured 1.25.
+    assert rates[2:].tolist() == pytest.approx((g[2:] * rates[0] / g[0]).tolist())
+    assert max(rates[2:]) < 0.31
+    assert est.acceptance_length("entropic", 4) == pytest.approx(1.30, abs=0.01)
 
 
 def test_vectorised_observe_many_equals_repeated_observe() -> None:

@@ -22,7 +22,9 @@ Series (label ``engine``: the data-parallel rank):
   ``peagle:accepted_tokens_per_pos_total{position}``.
 
 Writes are batched: counters accumulate in memory and everything is pushed to Prometheus at most every
-``min_interval_s`` (default 1 s), so a step pays a few dictionary updates, not file writes.
+``min_interval_s`` (default 1 s), so a step pays a few dictionary updates, not file writes. The scheduler plugin
+passes no per-step counts at all: it gives `PluginMetrics` a ``counts_source`` (the plugin statistics' cumulative
+per-class counts, `policies.plugin.PluginStats.class_counts`), read only when the series are pushed.
 
 Bounded: the ``class`` label takes at most ``max_classes`` values (default `MAX_CLASSES`; the first seen), later
 classes are exported as "other" (`policies.plugin.labels.LabelBook`). Under a policy the classes are its known
@@ -34,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from policies.plugin.labels import MAX_CLASSES, LabelBook
@@ -113,6 +115,9 @@ class PluginMetrics:
 
     ``engine``: label value (the data-parallel rank). ``max_k``: positions of the survival gauges.
     ``max_classes``: distinct values of the ``class`` label (later classes are exported as "other").
+    ``counts_source``: returns cumulative per-class counts ([drafts, draft tokens, accepted, accepted at position
+    0, 1, ...]); read at every push, the differences since the last push are added to the counters (instead of
+    `observe_tally` / `observe_requests` every step).
     """
 
     def __init__(
@@ -123,8 +128,11 @@ class PluginMetrics:
         engine: str = "0",
         min_interval_s: float = 1.0,
         max_classes: int = MAX_CLASSES,
+        counts_source: Callable[[], Mapping[str, Sequence[int]]] | None = None,
     ) -> None:
         self.max_k = int(max_k)
+        self.counts_source = counts_source
+        self._pulled: dict[str, list[int]] = {}  # counts_source's figures at the last push
         self._classes = LabelBook(max_classes)
         self.engine = str(engine)
         self.min_interval_s = float(min_interval_s)
@@ -188,6 +196,27 @@ class PluginMetrics:
                 for i in range(min(accepted, self.max_k)):
                     c[3 + i] += m
 
+    def observe_cumulative(self, counts: Mapping[str, Sequence[int]]) -> None:
+        """Cumulative per-class counts (see ``counts_source``): what grew since the last call is counted."""
+        width = 3 + self.max_k
+        admit = self._classes.admit
+        pulled = self._pulled
+        for cls, now in counts.items():
+            before = pulled.get(cls)
+            if before is None:
+                before = pulled[cls] = [0] * len(now)
+            elif len(before) < len(now):
+                before += [0] * (len(now) - len(before))
+            if now[0] == before[0]:
+                continue  # no draft verified since (every count grows with the drafts)
+            label = admit(cls)
+            c = self._counts.get(label)
+            if c is None:
+                c = self._counts[label] = [0] * width
+            for i in range(min(len(now), width)):
+                c[i] += now[i] - before[i]
+            before[:] = now
+
     def set_fallback(self, on: bool = True) -> None:
         """Mark the plugin as serving at the static depth (e.g. after it disabled itself)."""
         self._fallback = on
@@ -202,6 +231,8 @@ class PluginMetrics:
 
     def push(self, force: bool = False) -> None:
         """Write everything accumulated so far to the Prometheus series."""
+        if self.counts_source is not None:
+            self.observe_cumulative(self.counts_source())
         s, e = self._series, self.engine
         s["fallback"].labels(e).set(1 if self._fallback else 0)
         if self._decisions:
@@ -267,10 +298,17 @@ class GuardedMetrics:
     def active(self) -> bool:
         return self.metrics is not None
 
-    def start(self, max_k: int, static_depth: int, *, engine: str = "0") -> None:
+    def start(
+        self,
+        max_k: int,
+        static_depth: int,
+        *,
+        engine: str = "0",
+        counts_source: Callable[[], Mapping[str, Sequence[int]]] | None = None,
+    ) -> None:
         """Create the series (see `PluginMetrics`); on error the metrics stay off."""
         try:
-            self.metrics = PluginMetrics(max_k, static_depth, engine=engine)
+            self.metrics = PluginMetrics(max_k, static_depth, engine=engine, counts_source=counts_source)
         except Exception as exc:
             self._failed("setup", exc)
 

@@ -220,7 +220,8 @@ class PeagleScheduler(Scheduler):
             controller = self._controller
             static = controller.static_k if controller is not None else self._rules.reported_static_depth
             rank = getattr(self.parallel_config, "data_parallel_rank", 0)
-            self._metrics.start(self._k, static, engine=str(rank))
+            # Counters come from the stats' per-class counts when the series are pushed (nothing per step).
+            self._metrics.start(self._k, static, engine=str(rank), counts_source=self._stats.class_counts)
         self._active = True
         logger.info(
             "PeagleScheduler: mode=%s K=%d parallel_drafting=%s lower_drafting_depth=%s skip_drafter=%s "
@@ -421,7 +422,8 @@ class PeagleScheduler(Scheduler):
         if not ids:
             return
         config, rules = self._config, self._rules
-        check_plugin_fault(config, (self._label(r)[0] for r in ids))
+        if config.fault_class is not None:  # the test hook (a generator per step costs ~1 us otherwise)
+            check_plugin_fault(config, (self._label(r)[0] for r in ids))
         members = [requests[r] for r in ids]
         same_batch = ids == self._last_ids and members == self._last_members
         if not same_batch:
@@ -491,23 +493,38 @@ class PeagleScheduler(Scheduler):
         # Async scheduling verifies the drafts behind its -1 placeholders (minus those structured output rejected).
         invalid = (getattr(output, "num_invalid_spec_tokens", None) or {}) if self._async else None
         label = self._label
+        cached = self._class_phase
+        requests = self.requests
         outcomes = tally.outcomes
         verified = deepest = 0
         for req_id, n in output.num_scheduled_tokens.items():
-            i = index.get(req_id) if sampled else None
             scheduled = spec.get(req_id)
-            if scheduled:
+            if not scheduled:  # no draft verified (the common case at depth 0 and in prefill): `request_outcome`
+                drafted = accepted = 0
+                prompt = n - bonus if n > bonus else 0
+            elif invalid is None and min(scheduled) >= 0:  # drafts, no placeholder: `request_outcome` inline
+                drafted = len(scheduled)
+                prompt = n - bonus - drafted
+                if prompt < 0:
+                    prompt = 0
+                i = index.get(req_id) if sampled else None
+                accepted = 0 if i is None else len(sampled[i]) - bonus
+                if accepted > drafted:
+                    accepted = drafted
+                elif accepted < 0:
+                    accepted = 0
+            else:
+                i = index.get(req_id) if sampled else None
                 if invalid is not None and scheduled[0] < 0:
                     bad = invalid.get(req_id, 0)
                     scheduled = (0,) * (len(scheduled) - bad) + (-1,) * bad
                 drafted, accepted, prompt = request_outcome(
                     n, scheduled, None if i is None else len(sampled[i]), bonus
                 )
-            else:  # no draft verified (the common case at depth 0 and in prefill): inline `request_outcome`
-                drafted = accepted = 0
-                prompt = n - bonus if n > bonus else 0
             prompt_tokens += prompt
-            key = label(req_id)  # (class, phase), cached per request: also the tally's key (`StepTally.add` inline)
+            # (class, phase), cached per request (`_label`): also the tally's key (`StepTally.add` inline)
+            entry = cached.get(req_id)
+            key = entry[1] if entry is not None and entry[0] is requests.get(req_id) else label(req_id)
             per_key = outcomes.get(key)
             if per_key is None:
                 per_key = outcomes[key] = {}
@@ -527,9 +544,9 @@ class PeagleScheduler(Scheduler):
         assert self._stats is not None
         self._stats.observe_tally(tally, step_ms=step_ms, drafting_depth=drafting, traces=rows)
         if self._controller is not None:
-            self._controller.observe_tally(tally, step_ms if tally.prompt_tokens == 0 else None)
+            # the drafter's width in this step (not the depth verified in it) says whether the drafter ran
+            self._controller.observe_tally(tally, step_ms if tally.prompt_tokens == 0 else None, drafting)
         if self._metrics.active:
-            self._metrics.call("observe_tally", tally)
             self._metrics.call("maybe_push")
 
     def _add_overhead(self, since: float) -> None:

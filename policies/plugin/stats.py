@@ -22,6 +22,7 @@ import json
 import math
 import os
 import random
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = ["STATS_VERSION", "PluginStats"]
 
 STATS_VERSION = 1
 """The stats file format this peagle-tune reads and writes."""
+_BULK = "\x00bulk"  # placeholder of the parts `PluginStats.to_json` splices in
 _TRACE_IDLE_STEPS = 64
 """A request absent from this many consecutive steps has finished (or was preempted): its trace is closed."""
 
@@ -45,6 +47,16 @@ class _CostKey:
     samples: list[float]
     n: int = 0
     sum_ms: float = 0.0
+    room: int = 0
+    """Samples this key may keep (0: a key beyond ``max_cost_keys``, counted in ``n`` and ``sum_ms`` only)."""
+    json: str | None = None
+    """``json.dumps(samples)``, cached between flushes (None: the samples changed since)."""
+
+
+def _pairs(flat: array[int]) -> list[list[int]]:
+    """[[verified, accepted], ...] from a trace's flat array."""
+    values = flat.tolist()
+    return [[d, a] for d, a in zip(values[0::2], values[1::2], strict=True)]
 
 
 class PluginStats:
@@ -65,6 +77,11 @@ class PluginStats:
     seen); later new labels are recorded as "other" (`policies.plugin.labels.LabelBook`) and counted in
     ``info["folded_labels"]``, so the file stays small whatever labels requests carry.
 
+    Bounded shapes: the first ``max_cost_keys`` step shapes keep their samples; later shapes (a long session that
+    meets many batch sizes and verified-token counts) keep their step count and summed time only, so the file stops
+    growing; `step_samples` then uses their mean instead of a median (the cost model is fitted per shape either way),
+    and ``info["step_cost_keys_without_samples"]`` says how many there are.
+
     ``traces`` (when `observe_step` gets request ids): per request, its (verified, accepted) drafts step by step, for
     the simulator (`autotune.simulate`). Bounded: at most ``max_trace_steps`` steps per request and ``max_traces``
     finished requests (a uniform reservoir sample); a request unseen for ``_TRACE_IDLE_STEPS`` steps is finished.
@@ -74,6 +91,7 @@ class PluginStats:
         self,
         *,
         max_samples_per_key: int = 512,
+        max_cost_keys: int = 256,
         seed: int = 0,
         max_traces: int = 64,
         max_trace_steps: int = 256,
@@ -81,14 +99,18 @@ class PluginStats:
         max_phases: int = MAX_PHASES,
     ) -> None:
         self.max_samples_per_key = max_samples_per_key
+        self.max_cost_keys = max_cost_keys
         # Bounded labels: at most max_classes classes and max_phases phases are kept apart; later new labels are
         # recorded under "other", so the file's size does not grow with the number of distinct labels clients send.
         self._class_labels = LabelBook(max_classes)
         self._phase_labels = LabelBook(max_phases)
         self.max_traces = max_traces
         self.max_trace_steps = max_trace_steps
-        self._open_traces: dict[str, tuple[str, str, list[list[int]], list[int]]] = {}  # id -> cls, phase, steps, seen
+        # request id -> (class, phase, steps, [last step seen]); steps flat: verified, accepted, verified, ... (an
+        # array, not a list of pairs: no object per request-step for the garbage collector to count and scan)
+        self._open_traces: dict[str, tuple[str, str, array[int], list[int]]] = {}
         self._traces: list[dict[str, Any]] = []
+        self._trace_json: list[str | None] = []  # json.dumps of each finished trace, cached (they never change)
         self._traces_closed = 0
         self.info: dict[str, Any] = {}
         """Engine facts the plugin saw (K, method, parallel drafting, drafting-depth lowering, mode)."""
@@ -103,8 +125,10 @@ class PluginStats:
         """Wall time spent in the plugin's own logic (decisions, trimming, bookkeeping), ms."""
         self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
         self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
-        self._totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
-        self._total_per_pos: list[int] = []
+        # `totals` and `class_counts` are sums over the acceptance rows (not counted step by step); a loaded file
+        # whose totals differ from its rows keeps the difference here.
+        self._totals_offset = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self._per_pos_offset: list[int] = []
         self._depth_hist: dict[int, int] = {}
         self._rng = random.Random(seed)
 
@@ -150,7 +174,7 @@ class PluginStats:
             self._observe_traces_rows(traces)
         depths = set()
         phases = set()
-        totals, per_pos, hist = self._totals, self._total_per_pos, self._depth_hist
+        hist, acceptance = self._depth_hist, self._acceptance
         for (raw_cls, raw_phase), outcomes in tally.outcomes.items():
             cls, phase = classes.admit(raw_cls), phases_book.admit(raw_phase)
             phases.add(phase)
@@ -162,19 +186,12 @@ class PluginStats:
                 if drafted == 0:
                     continue
                 key = (phase, cls, drafted)
-                row = self._acceptance.get(key)
+                row = acceptance.get(key)
                 if row is None:
-                    row = self._acceptance[key] = [0] * (drafted + 1)
+                    row = acceptance[key] = [0] * (drafted + 1)
                 row[0] += m
-                for i in range(accepted):
-                    row[i + 1] += m
-                totals["num_drafts"] += m
-                totals["num_draft_tokens"] += drafted * m
-                totals["num_accepted_tokens"] += accepted * m
-                if len(per_pos) < drafted:
-                    per_pos += [0] * (drafted - len(per_pos))
-                for i in range(accepted):
-                    per_pos[i] += m
+                for i in range(1, accepted + 1):
+                    row[i] += m
         if tally.prompt_tokens > 0 or not tally.size:
             self.mixed_steps += 1
             return
@@ -186,53 +203,64 @@ class PluginStats:
         ckey = (phase, tally.size, uniform, tally.verified, drafting_depth)
         entry = self._costs.get(ckey)
         if entry is None:
-            entry = self._costs[ckey] = _CostKey([])
+            room = self.max_samples_per_key if len(self._costs) < self.max_cost_keys else 0
+            entry = self._costs[ckey] = _CostKey([], room=room)
         entry.n += 1
         entry.sum_ms += step_ms
-        if len(entry.samples) < self.max_samples_per_key:
+        if len(entry.samples) < entry.room:
             entry.samples.append(step_ms)
-        else:  # reservoir sampling keeps a uniform sample of all steps
+            entry.json = None
+        elif entry.room:  # reservoir sampling keeps a uniform sample of all steps
             j = self._rng.randrange(entry.n)
-            if j < self.max_samples_per_key:
+            if j < entry.room:
                 entry.samples[j] = step_ms
+                entry.json = None
 
     def _observe_traces_rows(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
         """Per-request traces from (request id, class, phase, drafted, accepted) rows; labels are admitted only when a
         request's trace opens (it keeps them), so a step costs one dict lookup and one append per request."""
         step = self.steps
         open_traces = self._open_traces
-        limit = self.max_trace_steps
+        limit = 2 * self.max_trace_steps
         for rid, c, p, d, a in rows:
             entry = open_traces.get(rid)
             if entry is None:
-                entry = open_traces[rid] = (self._class_labels.admit(c), self._phase_labels.admit(p), [], [step])
-            if len(entry[2]) < limit:
-                entry[2].append([d, a])
+                entry = open_traces[rid] = (self._class_labels.admit(c), self._phase_labels.admit(p), array("L"),
+                                            [step])
+            steps = entry[2]
+            if len(steps) < limit:
+                steps.append(d)
+                steps.append(a)
             entry[3][0] = step
         if step % _TRACE_IDLE_STEPS == 0:
             for rid in [r for r, e in open_traces.items() if step - e[3][0] >= _TRACE_IDLE_STEPS]:
                 self._close_trace(rid)
 
     def _close_trace(self, rid: str) -> None:
-        cls, phase, steps, _ = self._open_traces.pop(rid)
-        if not any(d for d, _ in steps):  # never verified a draft: nothing to replay
+        cls, phase, flat, _ = self._open_traces.pop(rid)
+        if not any(flat[0::2]):  # never verified a draft: nothing to replay
             return
-        trace = {"class": cls, "phase": phase, "steps": steps}
+        trace = {"class": cls, "phase": phase, "steps": _pairs(flat)}
         self._traces_closed += 1
         if len(self._traces) < self.max_traces:
             self._traces.append(trace)
+            self._trace_json.append(None)
         else:  # reservoir sampling keeps a uniform sample of all finished requests
             j = self._rng.randrange(self._traces_closed)
             if j < self.max_traces:
                 self._traces[j] = trace
+                self._trace_json[j] = None
 
     def traces(self) -> list[dict[str, Any]]:
         """Recorded per-request traces: ``{"class", "phase", "steps": [[verified, accepted], ...]}`` (measured);
         finished requests first, then those still running."""
-        running = [
-            {"class": c, "phase": p, "steps": st} for c, p, st, _ in self._open_traces.values() if any(d for d, _ in st)
+        return [*self._traces, *self._running_traces()]
+
+    def _running_traces(self) -> list[dict[str, Any]]:
+        return [
+            {"class": c, "phase": p, "steps": _pairs(flat)}
+            for c, p, flat, _ in self._open_traces.values() if any(flat[0::2])
         ]
-        return [*self._traces, *running]
 
     def record_error(self, message: str) -> None:
         self.fallback = True
@@ -295,7 +323,7 @@ class PluginStats:
         """
         speculative = self.info.get("num_speculative_tokens", 1) != 0
         skips = bool((self.info.get("drafter_width") or {}).get("skip_drafter"))
-        pooled: dict[tuple[int, int, int, bool], tuple[list[float], int]] = {}
+        pooled: dict[tuple[int, int, int, bool], tuple[list[float], int, float]] = {}
         for e in self.step_costs(phases):
             d = e["depth"]
             if d is None:
@@ -306,29 +334,65 @@ class PluginStats:
                 continue
             ran = speculative and (e["drafting_depth"] > 0 or not skips)
             key = (e["batch_size"], d, e["verified_tokens"], ran)
-            samples, n = pooled.get(key, ([], 0))
-            pooled[key] = (samples + e["samples_ms"], n + e["n"])
+            samples, n, total_ms = pooled.get(key, ([], 0, 0.0))
+            pooled[key] = (samples + e["samples_ms"], n + e["n"], total_ms + e["mean_ms"] * e["n"])
         out = []
-        for (b, d, v, ran), (samples, n) in sorted(pooled.items()):
+        for (b, d, v, ran), (samples, n, total_ms) in sorted(pooled.items()):
             samples.sort()
             mid = len(samples) // 2
-            median = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
+            if not samples:  # shapes beyond max_cost_keys keep no samples: their mean
+                median = total_ms / n
+            else:
+                median = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
             out.append(StepSample(b, d, float(median), n=n, verified_tokens=v, drafter_ran=ran))
         return out
 
     def totals(self) -> dict[str, Any]:
         """Drafts, draft tokens, accepted tokens and accepted per position over every step (all phases)."""
-        return {**self._totals, "accepted_per_position": list(self._total_per_pos)}
+        drafts = tokens = accepted = 0
+        per_pos = list(self._per_pos_offset)
+        for (_p, _c, d), row in self._acceptance.items():
+            drafts += row[0]
+            tokens += d * row[0]
+            if len(per_pos) < d:
+                per_pos += [0] * (d - len(per_pos))
+            for i in range(d):
+                accepted += row[i + 1]
+                per_pos[i] += row[i + 1]
+        off = self._totals_offset
+        return {"num_drafts": drafts + off["num_drafts"], "num_draft_tokens": tokens + off["num_draft_tokens"],
+                "num_accepted_tokens": accepted + off["num_accepted_tokens"], "accepted_per_position": per_pos}
+
+    def class_counts(self) -> dict[str, list[int]]:
+        """Per class over every step (phases pooled): [drafts, draft tokens, accepted tokens, accepted at position
+        0, 1, ...] (cumulative; what the plugin's Prometheus counters export, `policies.plugin.PluginMetrics`)."""
+        out: dict[str, list[int]] = {}
+        for (_p, cls, d), row in self._acceptance.items():
+            c = out.get(cls)
+            if c is None:
+                c = out[cls] = [0, 0, 0]
+            c[0] += row[0]
+            c[1] += d * row[0]
+            if len(c) < 3 + d:
+                c += [0] * (3 + d - len(c))
+            for i in range(d):
+                c[2] += row[i + 1]
+                c[3 + i] += row[i + 1]
+        return out
 
     def depth_histogram(self) -> dict[int, int]:
         """Verified depth -> request-steps at that depth (all steps)."""
         return dict(sorted(self._depth_hist.items()))
 
     # -- (de)serialising --
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, _bulk: bool = True) -> dict[str, Any]:
+        """Everything, as plain JSON-able data (``_bulk=False``: `to_json`'s placeholders for the bulky parts)."""
         info = dict(self.info)
         if self._class_labels.folded or self._phase_labels.folded:
             info["folded_labels"] = {"classes": self._class_labels.folded, "phases": self._phase_labels.folded}
+        capped = sum(1 for e in self._costs.values() if not e.room)
+        if capped:
+            info["step_cost_keys_without_samples"] = capped
         return {
             "version": STATS_VERSION,
             "info": info,
@@ -348,9 +412,41 @@ class PluginStats:
                 {"phase": p, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd, "n": e.n,
                  "sum_ms": e.sum_ms, "samples_ms": e.samples}
                 for (p, b, d, v, dd), e in self._costs.items()
-            ],
-            "traces": self.traces(),
+            ] if _bulk else _BULK,
+            "traces": self.traces() if _bulk else _BULK,
         }
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict())``, the same text, built incrementally: the step-time samples of a shape and
+        the finished traces are serialised once and reused until they change, so writing the file while the engine
+        runs (every ``flush_every_s`` and whenever it goes idle) costs little more than the parts that changed."""
+        data = self.to_dict(_bulk=False)
+        head = json.dumps(data)
+        costs = []
+        names: dict[str, str] = {}
+        for (p, b, d, v, dd), e in self._costs.items():
+            if e.json is None:
+                e.json = json.dumps(e.samples)
+            phase = names.get(p)
+            if phase is None:
+                phase = names[p] = json.dumps(p)
+            # json.dumps' own text for these fields: ints, null, and repr() of a finite float
+            total = repr(e.sum_ms) if math.isfinite(e.sum_ms) else json.dumps(e.sum_ms)
+            costs.append(f'{{"phase": {phase}, "batch_size": {b}, "depth": {"null" if d is None else d}, '
+                         f'"verified_tokens": {v}, "drafting_depth": {dd}, "n": {e.n}, "sum_ms": {total}, '
+                         f'"samples_ms": {e.json}}}')
+        traces = []
+        cached = self._trace_json
+        for i, trace in enumerate(self._traces):
+            text = cached[i] if i < len(cached) else None
+            if text is None:
+                text = json.dumps(trace)
+                if i < len(cached):
+                    cached[i] = text
+            traces.append(text)
+        traces.extend(json.dumps(t) for t in self._running_traces())
+        head = head.replace(f'"step_costs": {json.dumps(_BULK)}', f'"step_costs": [{", ".join(costs)}]', 1)
+        return head.replace(f'"traces": {json.dumps(_BULK)}', f'"traces": [{", ".join(traces)}]', 1)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "plugin stats") -> PluginStats:
@@ -369,8 +465,8 @@ class PluginStats:
             stats.errors = [str(e) for e in data.get("errors") or []]
             stats.overhead_ms = float(data.get("overhead_ms", 0.0))
             totals = data["totals"]
-            stats._totals = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-            stats._total_per_pos = [int(x) for x in totals["accepted_per_position"]]
+            loaded = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+            loaded_per_pos = [int(x) for x in totals["accepted_per_position"]]
             stats._depth_hist = {int(k): int(v) for k, v in (data.get("depth_histogram") or {}).items()}
             for a in data["acceptance"]:
                 per_pos = [int(x) for x in a["accepted_per_position"]]
@@ -378,16 +474,26 @@ class PluginStats:
                     raise ValueError(f"acceptance entry has depth {a['depth']} but {len(per_pos)} positions")
                 akey = (str(a["phase"]), str(a["class"]), int(a["depth"]))
                 stats._acceptance[akey] = [int(a["num_drafts"]), *per_pos]
+            derived = stats.totals()
+            stats._totals_offset = {k: v - derived[k] for k, v in loaded.items()}
+            derived_per_pos = derived["accepted_per_position"]
+            width = max(len(loaded_per_pos), len(derived_per_pos))
+            loaded_per_pos += [0] * (width - len(loaded_per_pos))
+            derived_per_pos += [0] * (width - len(derived_per_pos))
+            stats._per_pos_offset = [a - b for a, b in zip(loaded_per_pos, derived_per_pos, strict=True)]
             for c in data["step_costs"]:
                 depth = None if c["depth"] is None else int(c["depth"])
                 key = (
                     str(c["phase"]), int(c["batch_size"]), depth, int(c["verified_tokens"]), int(c["drafting_depth"])
                 )
-                stats._costs[key] = _CostKey([float(x) for x in c["samples_ms"]], int(c["n"]), float(c["sum_ms"]))
+                samples = [float(x) for x in c["samples_ms"]]
+                stats._costs[key] = _CostKey(samples, int(c["n"]), float(c["sum_ms"]),
+                                             room=stats.max_samples_per_key if samples else 0)
             stats._traces = [
                 {"class": str(t["class"]), "phase": str(t["phase"]), "steps": [[int(d), int(a)] for d, a in t["steps"]]}
                 for t in data.get("traces") or []
             ]
+            stats._trace_json = [None] * len(stats._traces)
         except (KeyError, TypeError, ValueError) as exc:
             raise PluginConfigError(f"{source}: malformed plugin stats ({type(exc).__name__}: {exc}).") from None
         return stats
@@ -396,7 +502,7 @@ class PluginStats:
         """Write atomically (a reader never sees half a file)."""
         p = Path(path)
         tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        tmp.write_text(self.to_json(), encoding="utf-8")
         tmp.replace(p)
 
     @classmethod
