@@ -22,9 +22,15 @@ scheduler's add/remove) makes a step independent of B. A new plan replaces the c
 goodput beats the current plan's (on the same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan
 has been preferred for ``patience`` consecutive steps.
 
+Switching the drafter on. With drafter-width control an idle drafter is skipped; turning it back on costs one extra
+drafter pass (it replays the tokens generated while it was off). So a plan that turns it on must beat the current one
+by the hysteresis plus that pass spread over a drafting run (``run_steps``, then the mean length of the controller's
+own runs): a batch where speculation only breaks even stays off instead of flapping.
+
 Exploration. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap, so
 acceptance at positions the plan no longer verifies keeps being measured (at K=0 nothing would be measured and only
-the estimator's slow drift back to its prior would ever restart speculation).
+the estimator's slow drift back to its prior would ever restart speculation). While the drafter is off an exploration
+also pays two drafter passes, so it happens only as often as keeps that within ``explore_budget`` of the step time.
 
 Robustness. `decide` raises ordinary exceptions (never swallows them); a caller that must not fail uses
 `decide_or_fallback`, which returns the static depth (`fallback_depth`) with ``fallback=True``.
@@ -48,6 +54,10 @@ from policies._settings import ControllerSettings
 from policies._step_cost import StepCostModel, StepSample
 
 __all__ = ["DepthController"]
+
+_OUTLIER_FACTOR = 4.0
+"""A pooled step shape slower than this many times the cost model's prediction is not learnt (see
+`DepthController._learn_step_costs`)."""
 
 
 @dataclass
@@ -109,6 +119,10 @@ class DepthController:
         self._best_mark: tuple[int, int] | dict[Cohort, int] = {}
         self._pending_samples: dict[tuple[int, int, int, bool], list[float]] = {}  # shape -> [steps, summed ms]
         self._drafting = 0  # drafting depth of the last decision: the drafter's width in the step it was made for
+        self._since_explore = 0  # decisions since the last exploration
+        self._run = 0  # decisions of the current drafting run (plan depth > 0), 0 while the plan keeps it off
+        self.run_steps = float(settings.run_steps)
+        """Mean length of the plan's drafting runs, decisions (starts at ``run_steps``; learnt from the runs)."""
         self.switches = 0
         """Number of plan changes so far (for monitoring flapping)."""
 
@@ -136,7 +150,11 @@ class DepthController:
             refreshed = True
         tables = self._tables
         assert tables is not None
-        explore_now = self.settings.explore_every > 0 and self._decisions % self.settings.explore_every == 0
+        # Turning an idle drafter on (drafter-width control) costs one extra drafter pass: it replays the tokens the
+        # requests generated while it was off (measured at batch 8: 5.3 ms drafting that step vs 2.7 ms a pass).
+        drafter_was_off = self._drafting == 0 and not self.settings.drafter_always_runs
+        self._since_explore += 1
+        explore_now = self.settings.explore_every > 0 and self._since_explore >= self.settings.explore_every
         if isinstance(batch, TrackedBatch):
             counts: Mapping[Cohort, int] = batch.counts
             key: object = (id(batch), batch.version)
@@ -175,16 +193,23 @@ class DepthController:
             self._streak = self._streak + 1 if same_candidate else 1
             self._candidate = best_plan
             gain = n_best * ms_cur / (n_cur * ms_best) - 1.0
-            if gain > self.settings.hysteresis or self._streak >= self.settings.patience:
+            need = self.settings.hysteresis
+            if drafter_was_off and depth_best > 0:  # the catch-up pass, spread over a drafting run
+                need += self._drafter_pass_ms(tables, size) / (self.run_steps * ms_best)
+            if gain > need or self._streak >= self.settings.patience:
                 self.switches += 1
                 self._candidate, self._streak = None, 0
                 merged, n_cur, ms_cur, depth_cur = best_plan, n_best, ms_best, depth_best
         else:
             self._candidate, self._streak = None, 0
         current.update(merged)
+        self._track_run(depth_cur)
+        if explore_now and drafter_was_off and depth_cur == 0:
+            explore_now = self._since_explore >= self._idle_explore_interval(tables, size, ms_cur)
         explore: frozenset[str] = frozenset()
         if explore_now:
             explore = self._pick_explorers(batch, counts, merged)
+            self._since_explore = 0
         max_k = self.max_k
         batch_depth = depth_cur
         for rid in explore:
@@ -269,12 +294,22 @@ class DepthController:
                 pooled[1] += float(step_ms)
 
     def _learn_step_costs(self) -> None:
-        """Feed the pooled step times to the cost model (one update per shape, weighted by its steps)."""
+        """Feed the pooled step times to the cost model (one update per shape, weighted by its steps).
+
+        A shape whose steps took more than `_OUTLIER_FACTOR` times the model's prediction is left out when it holds
+        a minority of the pooled steps: such steps are not decode costs (first-use compilation in warm-up took
+        50-380 ms against 4-13 ms, a preempted process, a garbage collection). When most pooled steps are that slow
+        the model is what is wrong, and they are all learnt."""
         pending, self._pending_samples = self._pending_samples, {}
-        for (size, depth, verified, ran), (n, total_ms) in pending.items():
-            self.cost_model.update(
-                StepSample(size, depth, total_ms / n, n=int(n), verified_tokens=verified, drafter_ran=ran)
-            )
+        model = self.cost_model
+        samples = [StepSample(size, depth, total_ms / n, n=int(n), verified_tokens=verified, drafter_ran=ran)
+                   for (size, depth, verified, ran), (n, total_ms) in pending.items()]
+        slow = [s.step_ms > _OUTLIER_FACTOR * model.predict_tokens(s.batch_size, s.tokens, s.drafted, s.depth)
+                for s in samples]
+        outvoted = 2 * sum(s.n for s, x in zip(samples, slow, strict=True) if x) < sum(s.n for s in samples)
+        for sample, is_slow in zip(samples, slow, strict=True):
+            if not (is_slow and outvoted):
+                model.update(sample)
 
     def refresh(self) -> None:
         """Rebuild the per-class AL tables and cost coefficients from the estimator and the cost model now."""
@@ -305,6 +340,28 @@ class DepthController:
         tables.order.extend((cls, i, float(gains[i])) for i in range(self.max_k))
         if resort:
             tables.order.sort(key=lambda item: (-item[2], item[1]))
+
+    def _drafter_pass_ms(self, t: _Tables, size: int) -> float:
+        """Predicted ms of one drafter pass over ``size`` requests (the catch-up cost of turning the drafter on)."""
+        return t.drafter_ms + t.drafter_per_request_ms * size + t.per_pass_ms + t.per_pass_request_ms * size
+
+    def _idle_explore_interval(self, t: _Tables, size: int, ms_off: float) -> float:
+        """Decisions between explorations while the drafter is off, so that they cost at most ``explore_budget`` of
+        the step time: an exploration runs the drafter twice (the catch-up pass and the drafts) and verifies
+        ``max_k`` more tokens per explored class (counted as one). At least ``explore_every``."""
+        budget = self.settings.explore_budget
+        if budget <= 0:
+            return math.inf
+        cost = 2.0 * self._drafter_pass_ms(t, size) + t.per_token_ms * self.max_k
+        return max(float(self.settings.explore_every), cost / (budget * max(ms_off, 1e-9)))
+
+    def _track_run(self, depth: int) -> None:
+        """Learn the mean length of the plan's drafting runs (exploration steps are not runs)."""
+        if depth > 0:
+            self._run += 1
+        elif self._run:
+            self.run_steps += 0.2 * (self._run - self.run_steps)
+            self._run = 0
 
     def _churned(self, batch: Sequence[RequestView] | TrackedBatch, counts: Mapping[Cohort, int], size: int) -> bool:
         """Has more than ``reoptimize_churn`` of the batch changed since the last optimisation?"""

@@ -14,7 +14,8 @@ of other classes starts from what was learnt about it, not from the all-class es
 
 Prior and fallback. A class seeded from a stored `AcceptanceProfile` starts with ``prior_strength`` pseudo-trials per
 position at the profile's conditional rate; those counts decay like data, which keeps the prior mean until data
-arrive and then lets data take over. Every class estimate is shrunk towards the global (all-class) estimate with a
+arrive and then lets data take over, except `ANCHOR_FRACTION` of them, which never decay: without evidence a profiled
+class returns to its profile. Every class estimate is shrunk towards the global (all-class) estimate with a
 fixed ``shrinkage`` pseudo-trials: ``a_{c,0} = (S_{c,0} + shrinkage * g_0) / (N_{c,0} + shrinkage)`` and, deeper,
 towards ``g_i`` scaled by the class's ratio ``a_{c,0} / g_0`` (capped at rate 1; see
 `AcceptanceEstimator.conditional`), so an unseen class gets exactly the global estimate and a rarely seen one leans on
@@ -46,6 +47,10 @@ from policies._acceptance import AcceptanceProfile, acceptance_lengths
 __all__ = ["MAX_CLASSES", "AcceptanceEstimator"]
 
 MAX_CLASSES = 64
+ANCHOR_FRACTION = 0.25
+"""Share of a stored profile's ``prior_strength`` that never decays (5 pseudo-trials per position at the default
+20): small against live evidence (a class present for 50 steps holds ~50 effective trials per request), decisive
+when the class has none."""
 """Most request classes tracked anywhere: classes a policy may know, class labels the plugin keeps apart, classes
 with their own acceptance estimate. Beyond it labels fold into a default or "other" bucket (see `policies.plugin`)."""
 
@@ -144,6 +149,8 @@ class AcceptanceEstimator:
         self._step = 0
         self._classes: dict[str, _Counts] = {}
         self._global = _Counts(self.max_k, 0)
+        # class -> (trials, successes) per position that never decay: a stored profile's anchor (`from_profiles`)
+        self._anchors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def from_profiles(
@@ -175,6 +182,8 @@ class AcceptanceEstimator:
             counts = est._counts(name)
             if counts is not None:
                 counts.add(trials, succ)
+                anchor = prior_strength * ANCHOR_FRACTION
+                est._anchors[name] = (np.full(depth, anchor), anchor * rates)
             est._global.add(trials, succ)
         return est
 
@@ -270,7 +279,9 @@ class AcceptanceEstimator:
         rarely accepts has almost no trials deeper. Shrinking those positions to the plain pooled rate (dominated by
         the classes that do accept) made such a class look good exactly where it was never measured (benchmark: an
         entropic class, 0.23 at position 0 and 0 beyond, was estimated at AL(4) ~1.75 instead of 1.23 once its
-        prior had decayed, and was verified at depth 4).
+        prior had decayed, and was verified at depth 4). A class seeded from a profile also keeps a fraction of its
+        prior that never decays (`ANCHOR_FRACTION`), so with no evidence it returns to its profile, not to the pooled
+        rate: evidence then comes from exploration, not from a drift that turned a measured-bad class back on.
         """
         g = self.global_conditional()
         counts = self._classes.get(cls)
@@ -278,6 +289,9 @@ class AcceptanceEstimator:
             return g
         counts.age(self.decay)
         succ, trials, shrink = np.asarray(counts.succ), np.asarray(counts.trials), self.shrinkage
+        anchor = self._anchors.get(cls)
+        if anchor is not None:
+            trials, succ = trials + anchor[0], succ + anchor[1]
         first = (succ[0] + shrink * g[0]) / (trials[0] + shrink)
         target = np.minimum(g * (first / g[0]), 1.0)
         target[0] = g[0]

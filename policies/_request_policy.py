@@ -422,6 +422,8 @@ _CONTROLLER_TYPES: dict[str, str] = {
     "per_request": "bool",
     "drafter_always_runs": "bool",
     "explore_every": "int",
+    "explore_budget": "float",
+    "run_steps": "float",
     "reoptimize_churn": "float",
     "learn_step_cost": "bool",
     "decay": "float",

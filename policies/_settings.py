@@ -25,6 +25,12 @@ class ControllerSettings:
     """True when depth is applied by trimming drafts (the drafter runs at its configured K even at depth 0)."""
     explore_every: int = 16
     """Every this many steps, one request per class below its cap verifies at its cap (0: never)."""
+    explore_budget: float = 0.02
+    """While the drafter is off (drafter-width control), explore only as often as keeps the exploration cost (two
+    drafter passes and the extra verified tokens) within this fraction of the step time (0: never while off)."""
+    run_steps: float = 16.0
+    """Prior mean length of a drafting run, decisions: turning an idle drafter on must gain its catch-up pass over
+    this many steps (the controller then learns the length from its own runs)."""
     reoptimize_churn: float = 0.05
     """Between table refreshes, re-run the depth optimisation only once this fraction of the batch has changed since
     the last optimisation (0: every step); otherwise the last optimum is reused and only re-priced."""
@@ -48,6 +54,11 @@ class ControllerSettings:
             raise ValueError(
                 f"reoptimize_churn must be in [0, 1] (a fraction of the batch), but got {self.reoptimize_churn}."
             )
+        if not (math.isfinite(self.explore_budget) and 0.0 <= self.explore_budget < 1.0):
+            raise ValueError(f"explore_budget must be in [0, 1) (0.02 = 2% of the step time), but got "
+                             f"{self.explore_budget}.")
+        if not (math.isfinite(self.run_steps) and self.run_steps >= 1.0):
+            raise ValueError(f"run_steps must be >= 1 (decisions), but got {self.run_steps}.")
         if not 0.0 < self.decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], e.g. 0.98, but got {self.decay}.")
         if not (math.isfinite(self.prior_strength) and self.prior_strength >= 0):

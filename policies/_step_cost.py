@@ -55,9 +55,12 @@ FEATURES = SEQUENTIAL_FEATURES
 
 _STATE_VERSION = 1
 _PRIOR_STEPS = 0.1
-"""Weight of the prior (the model before online updates) in `StepCostModel.update`, in steps. Any weight > 0 holds
-the directions live traffic does not measure (the data carry no information there); a tenth of a step is negligible
-against the ~``1 / (1 - forgetting)`` remembered measurements wherever they do measure."""
+"""Weight of the prior (the model before online updates) in `StepCostModel.update`, in steps. It holds the directions
+live traffic does not measure (the data carry no information there) and is negligible against the
+~``1 / (1 - forgetting)`` remembered measurements wherever they do measure. (What made a benchmark's controller
+learn ``per_verified_token`` = 0, so that verifying 4 drafts looked as cheap as 1, was not this weight but warm-up
+steps 10-50x slower than decode steps; the controller leaves such outliers out, see
+`DepthController._learn_step_costs`.)"""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ def _controller(
     options.setdefault("explore_every", 0)
     options.setdefault("drafter_always_runs", False)
     estimator = _estimator(profiles or {"chat": CHAT}, max_k)
+    cost = StepCostModel.from_dict(cost.to_dict())  # a copy: learning must not change the shared module constant
     return DepthController(cost, estimator, max_k=max_k, static_k=min(2, max_k), **options)
 
 
@@ -238,7 +239,9 @@ def test_exploration_keeps_measuring_positions_the_plan_skips() -> None:
 
 
 def test_explorers_verify_at_their_cap() -> None:
-    ctl = _controller(explore_every=1)
+    # explore_budget: the drafter is off at plan 0, and an exploration (3 verified tokens = 3 ms) may use half the
+    # 112 ms step here, so every decision may explore (the default 2% would allow one every 1.3 decisions).
+    ctl = _controller(explore_every=1, explore_budget=0.5)
     batch = [RequestView("a", "chat"), RequestView("b", "chat", max_k=2), *_batch(100, start=10)]
     d = ctl.decide(batch)
     # Large batch -> plan 0; one request per class below its cap verifies at its cap this step.
@@ -403,3 +406,72 @@ def test_step_times_are_labelled_by_the_drafters_width_not_the_verified_depth() 
         ctl.observe_step([("b", "entropic", 4, 0)], step_ms=4.45)
     ctl.refresh()
     assert ctl.cost_model.predict_tokens(1, 5, False) == pytest.approx(4.45, rel=0.02)
+
+
+# Drafter-width control (drafter_always_runs=False), max_k=1, B=1: T(off) = 10 + 1 = 11 ms; T(K=1) = 10 + 2 + 4 (one
+# drafter pass) = 16 ms. Turning the idle drafter on costs one more drafter pass (4 ms) spread over a drafting run.
+SWITCH = StepCostModel({"base": 10.0, "per_verified_token": 1.0, "drafter_fixed": 4.0})
+
+
+def _switch_decisions(al1: float, **options: Any) -> list[int]:
+    """Off first (AL(1) = 1.0), then the estimate moves to AL(1) = al1: depths of 20 decisions at B=1."""
+    estimator = _NoisyEstimator([[1.0, 1.0]] + [[1.0, al1]] * 100, max_k=1)
+    ctl = DepthController(SWITCH, estimator, max_k=1, static_k=1, refresh_every=1, explore_every=0,
+                          drafter_always_runs=False, learn_step_cost=False, patience=1000, **options)
+    return [ctl.decide(_batch(1)).batch_depth for _ in range(20)]
+
+
+def test_turning_the_drafter_on_must_also_pay_its_catch_up_pass() -> None:
+    # Gain of K=1 over off: (al1 / 16) / (1 / 11) - 1. Needed: hysteresis 3% + 4 ms / (run_steps 16 * 16 ms) = 4.56%.
+    al_4pct = 1.04 * 16 / 11  # a 4% gain: above the hysteresis, below hysteresis + catch-up
+    assert set(_switch_decisions(al_4pct)) == {0}
+    al_10pct = 1.10 * 16 / 11
+    assert _switch_decisions(al_10pct)[1:] == [1] * 19
+    # With long drafting runs the catch-up pass costs next to nothing per step: the 4% gain is taken.
+    assert _switch_decisions(al_4pct, run_steps=1e6)[1:] == [1] * 19
+
+
+def test_exploring_while_the_drafter_is_off_stays_within_its_budget() -> None:
+    def explorations(**options: Any) -> int:
+        ctl = DepthController(SWITCH, _estimator({"chat": AcceptanceProfile(100, (0,))}, max_k=1), max_k=1,
+                              static_k=1, refresh_every=1, drafter_always_runs=False, learn_step_cost=False,
+                              explore_every=4, **options)
+        return sum(bool(ctl.decide(_batch(1)).explore) for _ in range(100))
+
+    # An exploration while off costs two drafter passes + 1 verified token = 9 ms; 2% of the 11 ms off-step allows
+    # one every 9 / 0.22 = 40.9 decisions: at decisions 41 and 82 (explore_every=4 alone would give 25).
+    assert explorations() == 2
+    assert explorations(explore_budget=0.0) == 0
+    assert explorations(explore_budget=0.5) == 25  # a generous budget: explore_every is the floor
+
+
+def test_steps_far_slower_than_predicted_are_not_learnt_unless_they_are_the_majority() -> None:
+    # LINEAR predicts 10 + 8 = 18 ms for 2 requests verifying 4 tokens each. Warm-up-like steps take 20x that.
+    def learnt(slow_steps: int, normal_steps: int) -> float:
+        ctl = _controller(learn_step_cost=True)
+        for _ in range(slow_steps):
+            ctl.observe_step([("a", "chat", 3, 3), ("b", "chat", 3, 0)], step_ms=360.0)
+        for _ in range(normal_steps):
+            ctl.observe_step([("a", "chat", 3, 3)], step_ms=14.0)  # 1 request, 4 tokens: 10 + 4 = 14 ms, as predicted
+        ctl.refresh()
+        # No decision was made, so the steps are labelled drafter-free (the controller's last drafting width: 0).
+        return ctl.cost_model.predict_tokens(2, 8, drafter_ran=False)
+
+    assert learnt(5, 30) == pytest.approx(18.0, rel=0.01)  # a minority of outliers: left out
+    # Every pooled step that slow: the model is what is wrong, and it learns them (relative errors weigh a step 20x
+    # slower than predicted 1/400 as much, so one refresh moves it only part of the way).
+    assert learnt(30, 0) > 1.5 * 18.0
+
+
+def test_a_profiled_class_without_evidence_returns_to_its_profile_not_to_the_pool() -> None:
+    # "bad" accepts 10% at position 0 (profile), "good" 90%; "bad" then goes unmeasured (depth 0) while "good"
+    # keeps feeding the pooled estimate. Its evidence decays, but the anchor keeps it near its profile.
+    est = AcceptanceEstimator.from_profiles(
+        {"bad": AcceptanceProfile(100, (10, 0)), "good": AcceptanceProfile(100, (90, 81))}, prior_strength=20,
+        decay=0.9)
+    for _ in range(200):
+        est.observe_many("good", [2] * 8, [2] * 8)
+        est.advance(present={"bad", "good"})
+    # The anchor: 5 trials at 0.1 against 2 pseudo-trials of shrinkage towards the pooled ~0.99: (0.5 + 2 g) / 7.
+    assert est.conditional("bad")[0] == pytest.approx((0.5 + 2 * est.global_conditional()[0]) / 7, abs=0.01)
+    assert est.conditional("bad")[0] < 0.4  # without the anchor it would be the pooled ~0.99
