@@ -55,12 +55,13 @@ FEATURES = SEQUENTIAL_FEATURES
 
 _STATE_VERSION = 1
 _PRIOR_STEPS = 0.1
-"""Weight of the prior (the model before online updates) in `StepCostModel.update`, in steps. It holds the directions
-live traffic does not measure (the data carry no information there) and is negligible against the
-~``1 / (1 - forgetting)`` remembered measurements wherever they do measure. (What made a benchmark's controller
-learn ``per_verified_token`` = 0, so that verifying 4 drafts looked as cheap as 1, was not this weight but warm-up
-steps 10-50x slower than decode steps; the controller leaves such outliers out, see
-`DepthController._learn_step_costs`.)"""
+"""Least weight of the prior (the model before online updates) in `StepCostModel.update`, in steps."""
+_PRIOR_SHARE = 0.05
+"""...and its weight as a share of the remembered measurements' (forgotten steps no longer count): the prior keeps
+5% of the say wherever the traffic measures and holds the directions it measures only weakly. Nearly collinear
+features are the rule online (one batch size and one depth dominate a phase): with 0.1 step alone, a benchmark's
+first phases at batch 8, depth 4 left ``per_verified_token`` at 0.02 ms against a fitted and measured 0.15, so
+verifying more drafts looked free and a class that accepts 23% at position 1 was verified at depth 1."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class StepCostModel:
         # forgotten data's.
         self._prior: tuple[np.ndarray, np.ndarray] | None = None
         self._info: np.ndarray | None = None
+        self._weight = 0.0  # remembered measured steps (forgotten like the data)
         self._rhs: np.ndarray | None = None
         self._fit_samples: tuple[StepSample, ...] = ()
         self._fit_stats: dict[str, float] | None = None
@@ -283,7 +285,8 @@ class StepCostModel:
         Exponentially forgotten least squares anchored to a prior that is never forgotten: the coefficients minimise
         ``sum_j forgetting**age_j * n_j * rel_err_j**2 + prior`` under ``coefficients >= 0``, where ``prior`` is the
         same relative error of the model as it was before any update (its fit, or its stored coefficients), over a
-        grid of shapes and worth `_PRIOR_STEPS` steps in total. Measured shapes therefore move the prediction where
+        grid of shapes and worth `_PRIOR_SHARE` of the remembered steps (at least `_PRIOR_STEPS`). Measured shapes
+        therefore move the prediction where
         they are measured, and directions the live traffic never excites (a constant batch size, a drafter that
         always runs) keep the prior instead of drifting: with plain RLS and forgetting, a long stretch of one shape
         (say B=1, K=4) leaves the off-step and batch-size terms unconstrained, and they drifted far from the
@@ -300,6 +303,7 @@ class StepCostModel:
             dim = len(self.feature_names)
             self._info, self._rhs = np.zeros((dim, dim)), np.zeros(dim)
         lam = self.forgetting
+        self._weight = lam * self._weight + sample.n
         self._info = lam * self._info + np.outer(x, x)
         self._rhs = lam * self._rhs + x * y
         self._stale = True
@@ -307,13 +311,15 @@ class StepCostModel:
     def _solved(self) -> np.ndarray:
         """The coefficients, re-solved if updates arrived since (so a batch of updates costs one NNLS)."""
         if self._stale and self._prior is not None and self._info is not None and self._rhs is not None:
-            self._theta = _nonnegative_solve(self._prior[0] + self._info, self._prior[1] + self._rhs)
+            scale = max(1.0, _PRIOR_SHARE * self._weight / _PRIOR_STEPS)
+            self._theta = _nonnegative_solve(scale * self._prior[0] + self._info, scale * self._prior[1] + self._rhs)
             self._stale = False
         return self._theta
 
     def _prior_system(self) -> tuple[np.ndarray, np.ndarray]:
         """(information matrix, right-hand side) of the prior: the current model's own predictions, weighted as
-        relative errors, on the fit's shapes (or a grid spanning every feature), `_PRIOR_STEPS` steps in total."""
+        relative errors, on the fit's shapes (or a grid spanning every feature), `_PRIOR_STEPS` steps in total
+        (scaled up to `_PRIOR_SHARE` of the data when solved)."""
         dim = len(self.feature_names)
         if self._fit_samples:
             shapes = [(s.batch_size, s.tokens, s.drafted, s.depth) for s in self._fit_samples]

@@ -74,9 +74,10 @@ def test_rls_update_converges_to_the_truth() -> None:
     for _ in range(1000):
         b, k = GRID[int(rng.integers(len(GRID)))]
         online.update(StepSample(b, k, truth.predict(b, k)))
-    # Noise-free samples that excite every feature: the online fit converges to the exact solution.
+    # Noise-free samples that excite every feature: the online fit converges to the solution, up to the prior's 5%
+    # share of the say (the prior is 50% off, so at most ~0.05 * 50% = 2.5% off; the grid's shapes are 0-3.5%).
     for b, k in GRID:
-        assert online.predict(b, k) == pytest.approx(truth.predict(b, k), rel=0.01)
+        assert online.predict(b, k) == pytest.approx(truth.predict(b, k), rel=0.04)
 
 
 def test_rls_update_tracks_a_change_after_a_fit() -> None:
@@ -87,8 +88,10 @@ def test_rls_update_tracks_a_change_after_a_fit() -> None:
     for _ in range(400):
         b, k = GRID[int(rng.integers(len(GRID)))]
         model.update(StepSample(b, k, after.predict(b, k)))
-    # Forgetting 0.95 remembers ~20 updates, so after 400 the old regime has no weight left.
-    assert model.predict(256, 7) == pytest.approx(after.predict(256, 7), rel=0.02)
+    # Forgetting 0.95 remembers ~20 updates, so after 400 only the prior (the old fit, 5% of the say) remembers the
+    # old regime: 103.8 ms now vs 67.8 before, at most 5% of the way back (1.8 ms) plus the shapes' uneven weights.
+    assert model.predict(256, 7) == pytest.approx(after.predict(256, 7), rel=0.08)
+    assert model.predict(256, 7) > before.predict(256, 7) + 0.8 * (after.predict(256, 7) - before.predict(256, 7))
     assert model.fit_error()["num_samples"] == 40  # fit error stays about the fit samples
 
 
@@ -151,5 +154,6 @@ def test_online_coefficients_are_the_exact_nonnegative_optimum_not_a_clipped_one
         for b, k in GRID:
             online.update(StepSample(b, k, 8.0 + (2.0 if k > 0 else 0.0)))
     assert all(v >= 0 for v in online.coefficients.values())
-    assert online.predict(1, 0) == pytest.approx(8.0, rel=0.05)
-    assert online.predict(256, 7) == pytest.approx(10.0, rel=0.05)
+    # Within 10%: the prior (TRUE) keeps 5% of the say.
+    assert online.predict(1, 0) == pytest.approx(8.0, rel=0.1)
+    assert online.predict(256, 7) == pytest.approx(10.0, rel=0.1)
