@@ -217,7 +217,9 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
     assert "fault_class='faulty'" in final.info["controller_fallback_reason"]
     assert not final.fallback  # the plugin itself stayed on
     assert max(final.acceptance_by_depth("faulty")) == 3  # at the static depth (K=3) while the fault lasted
-    assert max(final.acceptance_by_depth("entropic", ["after"])) == 1  # class cap honoured again afterwards
+    # Class cap honoured again afterwards: at most 1 (none at all when the controller keeps the class at depth 0, where
+    # its low acceptance puts it once the estimate no longer drifts to the other classes').
+    assert max(final.acceptance_by_depth("entropic", ["after"]), default=0) <= 1
     assert re.search(r'^peagle:fallback_decisions_total\{engine="0"\} [1-9]', metrics, re.M)
 
     # -- live profile recorded at shutdown ---------------------------------------------------------------------------
