@@ -301,10 +301,13 @@ class DepthController:
         50-380 ms against 4-13 ms, a preempted process, a garbage collection). When most pooled steps are that slow
         the model is what is wrong, and they are all learnt."""
         pending, self._pending_samples = self._pending_samples, {}
-        model = self.cost_model
+        model, tables = self.cost_model, self._tables
         samples = [StepSample(size, depth, total_ms / n, n=int(n), verified_tokens=verified, drafter_ran=ran)
                    for (size, depth, verified, ran), (n, total_ms) in pending.items()]
-        slow = [s.step_ms > _OUTLIER_FACTOR * model.predict_tokens(s.batch_size, s.tokens, s.drafted, s.depth)
+        # Predictions from the tables' plain-float coefficients (the model as of the last refresh): a few float
+        # operations per shape, where the model's own prediction costs a numpy feature vector each.
+        slow = [tables is not None
+                and s.step_ms > _OUTLIER_FACTOR * self._step_ms(tables, s.batch_size, s.tokens, s.drafted, s.depth)
                 for s in samples]
         outvoted = 2 * sum(s.n for s, x in zip(samples, slow, strict=True) if x) < sum(s.n for s in samples)
         for sample, is_slow in zip(samples, slow, strict=True):

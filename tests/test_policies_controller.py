@@ -449,13 +449,14 @@ def test_steps_far_slower_than_predicted_are_not_learnt_unless_they_are_the_majo
     # LINEAR predicts 10 + 8 = 18 ms for 2 requests verifying 4 tokens each. Warm-up-like steps take 20x that.
     def learnt(slow_steps: int, normal_steps: int) -> float:
         ctl = _controller(learn_step_cost=True)
+        ctl.decide(_batch(1))  # as in the engine, the first decision comes before any observed step
         for _ in range(slow_steps):
             ctl.observe_step([("a", "chat", 3, 3), ("b", "chat", 3, 0)], step_ms=360.0)
         for _ in range(normal_steps):
             ctl.observe_step([("a", "chat", 3, 3)], step_ms=14.0)  # 1 request, 4 tokens: 10 + 4 = 14 ms, as predicted
         ctl.refresh()
-        # No decision was made, so the steps are labelled drafter-free (the controller's last drafting width: 0).
-        return ctl.cost_model.predict_tokens(2, 8, drafter_ran=False)
+        # The steps are labelled with the last decision's drafting width (K=3 at B=1 with LINEAR: the drafter ran).
+        return ctl.cost_model.predict_tokens(2, 8, drafter_ran=True, draft_depth=3)
 
     assert learnt(5, 30) == pytest.approx(18.0, rel=0.01)  # a minority of outliers: left out
     # Every pooled step that slow: the model is what is wrong, and it learns them (relative errors weigh a step 20x
