@@ -3,13 +3,12 @@ evaluated by the same code as benchmarks/calibrate_model.py, with the committed 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 
 from autotune.backends._roofline import RooflineParams
 
@@ -17,12 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("calibrate_model", REPO / "benchmarks" / "calibrate_model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate_model"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/calibrate_model.py")
 
 
 calibrate = _load_script()

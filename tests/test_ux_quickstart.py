@@ -4,22 +4,18 @@ script's `--check` re-runs everything and diffs; it takes a minute, so it is lef
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
 
+from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 from test_ux_help import parses  # tests/ is on sys.path (pytest prepend import mode)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "scripts" / "quickstart.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/quickstart.py")
 
 
 def doc_commands() -> list[str]:
