@@ -120,6 +120,7 @@ class DepthController:
         self._pending_samples: dict[tuple[int, int, int, bool], list[float]] = {}  # shape -> [steps, summed ms]
         self._drafting = 0  # drafting depth of the last decision: the drafter's width in the step it was made for
         self._since_explore = 0  # decisions since the last exploration
+        self._idle_wait: float | None = None  # budgeted exploration interval while idle, as of the last full decision
         self._run = 0  # decisions of the current drafting run (plan depth > 0), 0 while the plan keeps it off
         self.run_steps = float(settings.run_steps)
         """Mean length of the plan's drafting runs, decisions (starts at ``run_steps``; learnt from the runs)."""
@@ -155,6 +156,10 @@ class DepthController:
         drafter_was_off = self._drafting == 0 and not self.settings.drafter_always_runs
         self._since_explore += 1
         explore_now = self.settings.explore_every > 0 and self._since_explore >= self.settings.explore_every
+        if explore_now and drafter_was_off and self._idle_wait is not None:
+            # Idle drafter: the budgeted interval of the last full decision holds until anything changes (the batch,
+            # the tables), so the same-batch fast path below stays open between explorations.
+            explore_now = self._since_explore >= self._idle_wait
         if isinstance(batch, TrackedBatch):
             counts: Mapping[Cohort, int] = batch.counts
             key: object = (id(batch), batch.version)
@@ -204,8 +209,10 @@ class DepthController:
             self._candidate, self._streak = None, 0
         current.update(merged)
         self._track_run(depth_cur)
-        if explore_now and drafter_was_off and depth_cur == 0:
-            explore_now = self._since_explore >= self._idle_explore_interval(tables, size, ms_cur)
+        self._idle_wait = None
+        if drafter_was_off and depth_cur == 0:
+            self._idle_wait = self._idle_explore_interval(tables, size, ms_cur)
+            explore_now = explore_now and self._since_explore >= self._idle_wait
         explore: frozenset[str] = frozenset()
         if explore_now:
             explore = self._pick_explorers(batch, counts, merged)
@@ -334,6 +341,7 @@ class DepthController:
         self._tables = tables
         self._last = None
         self._best = None
+        self._idle_wait = None
 
     # ---- internals ------------------------------------------------------------------------------------------------
     def _add_class(self, tables: _Tables, cls: str, resort: bool = True) -> None:

@@ -41,6 +41,19 @@ def test_a_skipped_run_is_replayed_from_the_first_unwritten_position() -> None:
     assert not sync.pending("gone")
 
 
+def test_a_skipped_prompt_is_replayed_from_its_first_position() -> None:
+    sync = DrafterSync()
+    # A new request's prompt step (query 0..29) skipped: no drafter pass wrote any position, position 0 included.
+    assert sync.gap("p", 0, True, 30) == 30  # what a catch-up would replay if this step skipped too
+    sync.mark_skipped("p", 0, fresh=True)
+    sync.mark_skipped("p", 30)  # a decode step skipped after it: the hole still starts at 0
+    assert sync.gap("p", 31, False, 32) == 32
+    assert sync.take("p", 32) == 0  # the first drafting step replays the prompt and the output so far
+    # A prompt served partly from the prefix cache starts at its first computed position.
+    sync.mark_skipped("c", 16, fresh=True)
+    assert sync.take("c", 40) == 16
+
+
 def test_settings_reject_unknown_keys_and_modes() -> None:
     assert DrafterWidthSettings.from_dict(None) == DrafterWidthSettings()
     with pytest.raises(ValueError, match="unknown drafter-width settings"):
@@ -82,16 +95,21 @@ def _output(scheduled: dict[str, int], spec: dict[str, list[int]], new: bool = F
                            scheduled_new_reqs=[object()] if new else [], num_spec_tokens_to_schedule=4)
 
 
-def test_a_step_skips_the_drafter_only_at_width_zero_without_prompt_tokens() -> None:
+def test_a_step_skips_the_drafter_only_at_width_zero_and_prompts_only_when_caught_up() -> None:
     live = combine([_worker()])
     decode = _output({"a": 1, "b": 3}, {"b": [7, 8]})
     assert plan_width([0, 0], 4) == 0 and plan_width([0, 2, 9], 4) == 4 and plan_width([], 4) == 0
     assert not step_has_prompt_tokens(decode) and is_off_step(decode, 0, live)
     assert not is_off_step(decode, 1, live)  # something to draft
     assert not is_off_step(decode, 0, HandshakeResult.refused("no patch"))
-    chunk = _output({"a": 1, "c": 40}, {})  # "c" computes prompt tokens: the drafter must see them
-    assert step_has_prompt_tokens(chunk) and not is_off_step(chunk, 0, live)
-    assert not is_off_step(_output({"a": 1}, {}, new=True), 0, live)
+    chunk = _output({"a": 1, "c": 40}, {})  # "c" computes prompt tokens
+    assert step_has_prompt_tokens(chunk)
+    # Workers that catch up replay a skipped prompt when the request first drafts; without catch-up the drafter
+    # must see the prompt now.
+    assert is_off_step(chunk, 0, live) and is_off_step(_output({"a": 1}, {}, new=True), 0, live)
+    holes = combine([_worker(off_steps="holes")])
+    assert holes.skip_drafter and is_off_step(decode, 0, holes)
+    assert not is_off_step(chunk, 0, holes) and not is_off_step(_output({"a": 1}, {}, new=True), 0, holes)
 
 
 def test_async_placeholders_follow_each_request_depth_within_the_width() -> None:

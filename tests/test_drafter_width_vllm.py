@@ -62,6 +62,12 @@ def _spec_counters(llm: Any) -> tuple[int, list[int]]:
             [int(v) for v in per_pos.values] if per_pos is not None else [])
 
 
+def _lengths(n: int, longest: int) -> list[int]:
+    """Output lengths: staggered (longest, longest - 7, ... in a cycle of 5), so requests finish, and new ones
+    start their prompt, at many different steps of the plan, off-steps included."""
+    return [longest - 7 * (i % 5) for i in range(n)]
+
+
 def drive(job: dict[str, Any]) -> dict[str, Any]:
     """One engine launch: generate the predictable prompts (concurrency 8), return outputs, vLLM's spec counters
     over the measured phase and the workers' drafter-width counters."""
@@ -87,10 +93,11 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
     cls = job.get("class", "predictable")
     prompts = _prompts(cls, job.get("num_prompts", NUM_PROMPTS))
     llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=8)] * 2, use_tqdm=False)  # warm-up
-    params = SamplingParams(temperature=0.0, max_tokens=job.get("max_tokens", MAX_TOKENS), ignore_eos=True,
-                            extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                             extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
+              for n in _lengths(len(prompts), job.get("max_tokens", MAX_TOKENS))]
     drafts0, per_pos0 = _spec_counters(llm)
-    outputs = llm.generate(prompts, [params] * len(prompts), use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     drafts1, per_pos1 = _spec_counters(llm)
     result: dict[str, Any] = {
         "outputs": [list(o.outputs[0].token_ids) for o in outputs],
@@ -190,7 +197,7 @@ def _worker(run: dict[str, Any]) -> dict[str, Any]:
 
 def test_lowered_drafting_keeps_greedy_outputs_and_every_request(runs: dict[str, dict[str, Any]]) -> None:
     reference = runs["none"]["outputs"]
-    assert len(reference) == NUM_PROMPTS and all(len(o) == MAX_TOKENS for o in reference)
+    assert [len(o) for o in reference] == _lengths(NUM_PROMPTS, MAX_TOKENS)
     for name in ("lowered", "trimmed", "absent", "fault", "multiproc"):
         assert runs[name]["outputs"] == reference, name
         assert not runs[name]["stats"].fallback, (name, runs[name]["stats"].errors)
@@ -224,6 +231,9 @@ def test_off_steps_happen_and_requests_that_resume_drafting_still_accept(runs: d
     assert counters["skipped_steps"] > 0 and counters["plain_sampler_steps"] > 0
     assert counters["caught_up_requests"] > 0 and counters["caught_up_tokens"] >= counters["caught_up_requests"]
     assert counters["abandoned_holes"] == 0
+    # Prompt steps in a depth-0 block skip the drafter too; those requests replay their prompt when they first draft
+    # (exactly: acceptance per position equals trimming's, `test_acceptance_per_position_equals_trimming_...`).
+    assert counters["skipped_prompt_steps"] > 0
     # Depth 1 follows the off-steps in the plan: its drafts are the first after a request resumes. Predictable
     # requests accept ~96% of position-1 drafts (tests/fixtures/README.md); resuming must not lose that.
     drafts, accepted = _acceptance_by_depth(runs["lowered"])[1]

@@ -9,8 +9,9 @@ forward pass. This module patches one model runner instance (never vLLM's classe
 - ``drafter.propose``: sets the slot layout to ``max(k, 1)`` slots for the call (one pass over ``max(k, 1)`` slots
   per request instead of K), then restores it; with ``off_steps="catch_up"`` it first prepends, per request, the
   tokens whose drafter KV a skipped step left unwritten (see "Off-steps" below).
-- ``runner.propose_draft_token_ids``: on a step the scheduler marks with ``peagle_skip_drafter`` (k = 0 and no
-  prompt token in the step, re-checked here) it returns no drafts without running the drafter.
+- ``runner.propose_draft_token_ids``: on a step the scheduler marks with ``peagle_skip_drafter`` (k = 0; with
+  prompt tokens only under ``catch_up`` and when every request's replay stays within ``max_catch_up_tokens``,
+  re-checked here) it returns no drafts without running the drafter.
 - ``runner._sample``: a step that verifies no draft at all uses vLLM's plain sampler instead of the rejection
   sampler (the same tokens: with no draft the rejection sampler only samples the bonus token).
 
@@ -27,6 +28,10 @@ pass (positions and slot mapping follow from the block table, so nothing else ch
 (``draft_model``, i.e. PARD) can replay tokens; an EAGLE head needs the target's hidden states of those positions,
 which are gone, so for EAGLE (and under async scheduling, where the worker's token copy lags) off-steps run a
 one-slot "sync pass" instead of skipping. ``holes`` skips without catching up (kept for measurement).
+Under ``catch_up`` a step with prompt tokens is skipped too: a request whose prompt the drafter never saw replays it
+with its first drafting step (one pass over prompt and output so far), so a request that never drafts never pays
+for its prompt in the drafter (measured at c=8: prompt steps with the drafter over the prompt and the batch's
+catch-up were what made an idle drafter cost throughput).
 
 Failure: any exception inside the patched paths (or the ``fault`` test hook) is logged once, the patch turns itself
 off in that worker and the step is re-run through vLLM's own code at depth K (0 < k < K would break vLLM) or k (0 or
@@ -174,12 +179,21 @@ class DrafterSync:
 
     Example: drafting steps, then skips at query starts 40 and 41, then a drafting step at 43:
     ``mark_skipped("r", 40)``, ``mark_skipped("r", 41)`` -> ``take("r", 43) == 41`` (replay positions 41, 42).
+    A request whose prompt step (query start 0) was skipped: ``mark_skipped("p", 0, fresh=True)`` -> the replay
+    starts at 0 (the whole prompt).
     """
 
     holes: dict[str, int] = field(default_factory=dict)
 
-    def mark_skipped(self, req_id: str, query_start: int) -> None:
-        self.holes.setdefault(req_id, query_start + 1)
+    def mark_skipped(self, req_id: str, query_start: int, fresh: bool = False) -> None:
+        """``fresh``: the request's first step (new, or resumed after preemption): no drafter pass wrote its query
+        start either, so the hole starts there."""
+        self.holes.setdefault(req_id, query_start if fresh else query_start + 1)
+
+    def gap(self, req_id: str, query_start: int, fresh: bool, query_end: int) -> int:
+        """Tokens a catch-up would replay for this request if this step (query ``query_start`` .. ``query_end``)
+        skipped the drafter too."""
+        return query_end - self.holes.get(req_id, query_start if fresh else query_start + 1)
 
     def take(self, req_id: str, query_start: int) -> int | None:
         """The first position to replay before `query_start`, or None (nothing missing); forgets the hole."""
@@ -216,7 +230,8 @@ class _Patch:
         self._slots_k = (d.extra_slots_per_request, d.net_num_new_slots_per_request, d.needs_extra_input_slots)
         self._shift = d.extra_slots_per_request - d.net_num_new_slots_per_request  # 1 for EAGLE (hidden states)
         self.counters: dict[str, int] = {
-            "drafting_steps": 0, "lowered_steps": 0, "skipped_steps": 0, "sync_pass_steps": 0,
+            "drafting_steps": 0, "lowered_steps": 0, "skipped_steps": 0, "skipped_prompt_steps": 0,
+            "sync_pass_steps": 0,
             "plain_sampler_steps": 0, "caught_up_requests": 0, "caught_up_tokens": 0, "abandoned_holes": 0,
             "faults": 0,
         }
@@ -279,14 +294,35 @@ class _Patch:
         self._decode_step = _decode_only(scheduler_output)
         if self.skip and not self.disabled and getattr(scheduler_output, SKIP_ATTR, False):
             try:
-                if int(scheduler_output.num_spec_tokens_to_schedule) == 0 and self._decode_step:
-                    self._maybe_fault("skip")
-                    return self._skip_drafter(sampled_token_ids)
+                if int(scheduler_output.num_spec_tokens_to_schedule) == 0:
+                    fresh = _fresh_requests(scheduler_output)
+                    if self._decode_step or self._prompts_replayable(scheduler_output, fresh):
+                        self._maybe_fault("skip")
+                        if not self._decode_step:
+                            self.counters["skipped_prompt_steps"] += 1
+                        return self._skip_drafter(sampled_token_ids, fresh)
             except Exception as exc:
                 self._fail("skipping the drafter", exc)
         return self.orig_propose_ids(scheduler_output, sampled_token_ids, *args, **kwargs)
 
-    def _skip_drafter(self, sampled_token_ids: Any) -> Any:
+    def _prompts_replayable(self, scheduler_output: Any, fresh: frozenset[str]) -> bool:
+        """A step with prompt tokens may skip the drafter only when catching up and every request's gap (its
+        prompt so far included) stays within ``max_catch_up_tokens``; otherwise the drafter runs (a hole the
+        catch-up abandons would cost the request its acceptance)."""
+        if not self.catch_up:
+            return False
+        batch = self.runner.input_batch
+        computed = batch.num_computed_tokens_cpu
+        scheduled = scheduler_output.num_scheduled_tokens
+        cap = self.settings.max_catch_up_tokens
+        gap = self.sync.gap
+        for i, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
+            q = int(computed[i])
+            if gap(req_id, q, req_id in fresh, q + int(scheduled.get(req_id, 1))) > cap:
+                return False
+        return True
+
+    def _skip_drafter(self, sampled_token_ids: Any, fresh: frozenset[str] = frozenset()) -> Any:
         import torch
 
         runner = self.runner
@@ -294,7 +330,7 @@ class _Patch:
         n = batch.num_reqs
         computed = batch.num_computed_tokens_cpu
         for i, req_id in enumerate(batch.req_ids[:n]):
-            self.sync.mark_skipped(req_id, int(computed[i]))
+            self.sync.mark_skipped(req_id, int(computed[i]), req_id in fresh)
         if getattr(runner, "valid_sampled_token_count_event", None) is not None:
             # Async scheduling reads the next input tokens from here, drafter or not (vLLM does the same when the
             # input does not fit the drafter).
@@ -441,6 +477,16 @@ def _decode_only(scheduler_output: Any) -> bool:
         return False
     spec = scheduler_output.scheduled_spec_decode_tokens
     return all(n == 1 + len(spec.get(r, ())) for r, n in scheduler_output.num_scheduled_tokens.items())
+
+
+def _fresh_requests(scheduler_output: Any) -> frozenset[str]:
+    """Requests in their first step since (re)starting: new, or resumed after preemption (recomputed from scratch).
+    No drafter pass has written any of their positions."""
+    new = scheduler_output.scheduled_new_reqs
+    resumed = getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", None) or ()
+    if not new and not resumed:
+        return frozenset()
+    return frozenset([r.req_id for r in new] + list(resumed))
 
 
 def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerStatus:

@@ -7,7 +7,8 @@ The scheduler plugin (`policies.plugin.scheduler`) plans each request's depth fo
 - ``SchedulerOutput.num_spec_tokens_to_schedule`` = the widest planned depth (`plan_width`), once the workers proved
   in the handshake (`handshake`) that they draft that width (`policies.plugin.drafter_width`); without a handshake a
   parallel drafter keeps K and the plugin only trims verification;
-- ``SchedulerOutput.peagle_skip_drafter`` on an off-step: width 0 and no prompt token in the step (`is_off_step`);
+- ``SchedulerOutput.peagle_skip_drafter`` on an off-step: width 0, and no prompt token in the step unless the
+  workers catch up (`is_off_step`);
 - under async scheduling, each request's placeholder draft slots (`assign_placeholders`): vLLM gives every request
   ``num_spec_tokens_to_schedule`` placeholders in ``AsyncScheduler._update_after_schedule`` and the runner copies the
   first ``len(placeholders)`` drafts of the request's row, so fewer placeholders verify fewer drafts.
@@ -138,9 +139,13 @@ def step_has_prompt_tokens(output: Any) -> bool:
 
 
 def is_off_step(output: Any, width: int, result: HandshakeResult) -> bool:
-    """Whether to mark the step ``peagle_skip_drafter``: width 0, the workers skip, and no prompt token."""
-    return width == 0 and result.skip_drafter and bool(output.num_scheduled_tokens) \
-        and not step_has_prompt_tokens(output)
+    """Whether to mark the step ``peagle_skip_drafter``: width 0 and the workers skip. A step with prompt tokens
+    qualifies only when the workers catch up (``off_steps="catch_up"``: a token-only drafter replays the prompt when
+    the request first drafts, which a request that never drafts never pays); the workers re-check that each prompt
+    fits what they replay and run the drafter otherwise."""
+    if width != 0 or not result.skip_drafter or not output.num_scheduled_tokens:
+        return False
+    return result.off_steps == "catch_up" or not step_has_prompt_tokens(output)
 
 
 def mark_off_step(output: Any, off: bool) -> None:
