@@ -20,7 +20,12 @@ control off (trimming) and as shipped (drafter width on). Each figure is the med
 Step 2 simulates the same requests (prompt tokens = bytes + <bos>; output lengths = those the no-speculation run
 generated, which every greedy config reproduces) with `autotune.simulate`: the profile's fitted step-cost model, its
 acceptance per class, the recorded traces, and the acceptance autocorrelation fitted to the traces; the adaptive
-configs run the real `policies` controller. The table gives, per concurrency, config and workload, measured and
+configs run the real `policies` controller. Beyond the fit (`autotune.simulate.profile_terms`): a skipped drafter's
+step costs what the profile measured (speculative launch's drafter-off steps minus the no-speculation launch's), the
+drafter's prompt tokens and catch-up replay cost the fit's per-token time times the drafter/target weight ratio
+(from the two models' config.json), and each adaptive config adds the scheduler plugin's own host time per step
+measured in its run (``overhead_ms / steps`` of its plugin statistics). The table gives, per concurrency, config and
+workload, measured and
 simulated tok/s and the error, twice: with the cost model as fitted, and with every step time multiplied by one
 scale fitted on the no-speculation config alone at that concurrency (the profile and the measured runs are
 different engine launches); the other configs are then predictions. The issue's goal: every config
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,24 +68,54 @@ def _find_traces(root: Path) -> list[dict[str, Any]]:
     return traces
 
 
+def _plugin_host_time(workdir: Path, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per adaptive config, the plugin's own host time in its measured run: ``overhead_ms / steps`` of the plugin
+    statistics bench_runtime.py wrote (adaptive-new-stats.json with drafter width, adaptive-trim-stats.json without)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, meta in configs.items():
+        if meta.get("kind") != "adaptive":
+            continue
+        name = "new" if meta.get("drafter_width", True) else "trim"
+        path = workdir / f"adaptive-{name}-stats.json"
+        if not path.is_file():
+            continue
+        stats = json.loads(path.read_text())
+        steps = int(stats.get("steps") or 0)
+        if steps:
+            overhead = float(stats.get("overhead_ms") or 0.0)
+            out[label] = {"overhead_ms": overhead, "steps": steps, "ms_per_step": overhead / steps,
+                          "source": path.name}
+    return out
+
+
+def _model_configs(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The profile's target and drafter config.json (local fixture directories), for the drafter's token cost."""
+    from autotune.simulate import model_config
+
+    return {"target": model_config(profile.get("model")), "drafter": model_config(profile.get("drafter"))}
+
+
 def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
-    """The bundle of a finished ``bench_runtime.py --workdir DIR`` run (its bench.json, profile.json, rounds.json
-    and the profile launch's recorded traces)."""
+    """The bundle of a finished ``bench_runtime.py --workdir DIR`` run (its bench.json, profile.json, rounds.json,
+    the profile launch's recorded traces, the adaptive configs' plugin host time and the two models' configs)."""
     missing = [n for n in ("bench.json", "profile.json", "rounds.json") if not (workdir / n).is_file()]
     if missing:
         raise SystemExit(f"{workdir} lacks {missing}: is it the --workdir of a finished bench_runtime.py run?")
     bench = json.loads((workdir / "bench.json").read_text())
+    profile = json.loads((workdir / "profile.json").read_text())
     return {
         "date": bench["date"],
         "load_average": {"before": bench["load_before"], "after": bench["load_after"]},
         "concurrencies": bench["concurrencies"],
         "max_k": bench["max_k"],
         "c1_requests": bench["c1_requests"],
-        "profile": json.loads((workdir / "profile.json").read_text()),
+        "profile": profile,
         "traces": _find_traces(workdir / "profile"),
         "workloads": bench["workloads"],
         "configs": bench["configs"],
         "runs": json.loads((workdir / "rounds.json").read_text()),
+        "plugin_host_time": _plugin_host_time(workdir, bench["configs"]),
+        "model_configs": _model_configs(profile),
     }
 
 
@@ -129,7 +165,7 @@ def _measured_tps(results: Sequence[Mapping[str, Any]], key: str) -> list[float]
     return values
 
 
-def _sim_config(meta: Mapping[str, Any], setup: Any) -> Any:
+def _sim_config(meta: Mapping[str, Any], setup: Any, plugin_ms: float = 0.0) -> Any:
     from autotune.search.schedule import ScheduleEntry
     from autotune.simulate import Adaptive, BatchSizeSchedule, NoSpeculation, StaticDepth
     from policies import RequestPolicy
@@ -143,7 +179,8 @@ def _sim_config(meta: Mapping[str, Any], setup: Any) -> Any:
         return BatchSizeSchedule(tuple(ScheduleEntry(*e) for e in meta["entries"]))
     policy = RequestPolicy.from_dict(meta["policy"])
     width = bool(meta.get("drafter_width", True))  # the plugin as shipped drafts the planned width
-    return Adaptive(policy, setup.controller_cost[width], dict(setup.acceptance.profiles), drafter_width=width)
+    return Adaptive(policy, setup.controller_cost[width], dict(setup.acceptance.profiles), drafter_width=width,
+                    plugin_ms_per_step=plugin_ms)
 
 
 def _scaled(profile: Mapping[str, Any], scale: float) -> dict[str, Any]:
@@ -153,11 +190,40 @@ def _scaled(profile: Mapping[str, Any], scale: float) -> dict[str, Any]:
     return {**profile, "cost_model": cost}
 
 
-def compare(bundle: Mapping[str, Any], *, seed: int = 0) -> tuple[list[str], list[dict[str, Any]]]:
-    """Simulated vs measured per concurrency, config and workload; (markdown lines, rows)."""
-    from autotune.simulate import fit_autocorrelation, load_traces, profile_setup, simulate
+def _terms(bundle: Mapping[str, Any], scale: float) -> Any:
+    """The step-cost terms beyond the fit for the profile scaled by ``scale`` (the bundle's model configs, else the
+    profile's model directories)."""
+    from autotune.simulate import profile_terms
+    from policies import StepCostModel
+
+    profile = _scaled(bundle["profile"], scale)
+    configs = bundle.get("model_configs") or _model_configs(profile)
+    terms = profile_terms(profile, StepCostModel.from_dict(profile["cost_model"]), configs.get("target"),
+                          configs.get("drafter"))
+    # A measured difference of step times scales with them like the fit's coefficients.
+    return replace(terms, idle_drafter_ms=terms.idle_drafter_ms * scale)
+
+
+def _summary(rows: Sequence[Mapping[str, Any]], key: str, what: str) -> str:
+    judged = [r for r in rows if r["measured"] is not None and r["config"] != NO_SPEC]
+    if not judged:
+        return f"{what}: nothing to judge."
+    errors = [abs(r[f"error{key}"]) for r in judged]
+    simulated = f"simulated{key}"
+    in_range = sum(r["measured_min"] <= r[simulated] <= r["measured_max"] for r in judged)
+    return (f"{what}: {sum(e <= 0.10 for e in errors)} of {len(judged)} configs other than no speculation within "
+            f"10%, {in_range} of {len(judged)} within their measured min-max, median |error| "
+            f"{statistics.median(errors):.1%}, largest {max(errors):.1%} (goal: every config within 10%: "
+            f"{'met' if max(errors) <= 0.10 else 'NOT met'}).")
+
+
+def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
+    """Simulated vs measured per concurrency, config and workload; (markdown lines, rows). ``terms``: price what
+    the fit cannot see (skipped drafter, drafter's extra tokens, plugin host time); False: the fit alone."""
+    from autotune.simulate import ProfileTerms, fit_autocorrelation, load_traces, profile_setup, simulate
 
     runs = bundle["runs"]
+    plugin_time = bundle.get("plugin_host_time") or {} if terms else {}
     base_ok = runs.get(NO_SPEC) or []
     if not base_ok:
         raise SystemExit("the bundle has no no-speculation run; its output lengths are needed.")
@@ -179,8 +245,9 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0) -> tuple[list[str], lis
         def run(label: str, workload: str, scale: float, c: int = c, phases: Any = phases,
                 rho: float = rho) -> float:
             setup = profile_setup(_scaled(bundle["profile"], scale), phases, autocorrelation=rho, traces=traces,
-                                  seed=seed)
-            sim = simulate(phases[workload], _sim_config(bundle["configs"][label], setup), setup.cost,
+                                  seed=seed, terms=_terms(bundle, scale) if terms else ProfileTerms())
+            plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
+            sim = simulate(phases[workload], _sim_config(bundle["configs"][label], setup, plugin_ms), setup.cost,
                            setup.acceptance, concurrency=c, max_num_seqs=max(bundle["concurrencies"]), seed=seed)
             return float(sim.tokens_per_s)
 
@@ -213,6 +280,12 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0) -> tuple[list[str], lis
         f"acceptance autocorrelation rho={rho:.2f} fitted to the traces (lag-1 correlation {statistic:.2f}). "
         + " ".join(notes),
         "",
+        f"Beyond the fit (as is): {_terms(bundle, 1.0).describe() if terms else 'nothing (--fit-only)'}; plugin host "
+        "time per step, measured in each adaptive run: "
+        + (", ".join(f"{label} {v['ms_per_step']:.3f} ms ({v['overhead_ms']:.0f} ms over {v['steps']} steps, "
+                     f"{v['source']})" for label, v in plugin_time.items()) or "none")
+        + ".",
+        "",
         "| c | config | workload | measured tok/s | simulated (fit as is) | error | simulated (scaled) | error |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
     ]
@@ -226,13 +299,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0) -> tuple[list[str], lis
             f"{head} {r['measured']:.1f} [{r['measured_min']:.0f}-{r['measured_max']:.0f}]"
             f" | {r['simulated_raw']:.1f} | {r['error_raw']:+.1%} | {r['simulated']:.1f} | {r['error']:+.1%}{note} |"
         )
-    judged = [abs(r["error"]) for r in rows if r["measured"] is not None and r["config"] != NO_SPEC]
-    if judged:
-        worst = max(judged)
-        within = sum(e <= 0.10 for e in judged)
-        lines += ["", f"Configs other than no speculation, scaled: {within} of {len(judged)} within 10%, "
-                      f"median error {statistics.median(judged):.1%}, largest {worst:.1%} "
-                      f"(goal: every config within 10%: {'met' if worst <= 0.10 else 'NOT met'})."]
+    lines += ["", _summary(rows, "_raw", "Fit as is"), "", _summary(rows, "", "Scaled")]
     return lines, rows
 
 
@@ -246,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="with --engine: rounds, each runs every config once")
     parser.add_argument("--workdir", type=Path, default=None, help="with --engine: bench_runtime.py's work directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fit-only", action="store_true",
+                        help="price steps with the profile's fit alone (no skipped-drafter, drafter-token or plugin "
+                             "terms), to see what the terms change")
     parser.add_argument("--out", type=Path, default=None, help="also write the comparison (markdown) here")
     args = parser.parse_args(argv)
     if args.engine or args.runtime_workdir is not None:
@@ -254,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         args.bundle.write_text(json.dumps(bundle))
         print(f"Wrote {args.bundle} ({time.perf_counter() - started:.0f} s)", flush=True)
     bundle = json.loads(args.bundle.read_text())
-    lines, _ = compare(bundle, seed=args.seed)
+    lines, _ = compare(bundle, seed=args.seed, terms=not args.fit_only)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from autotune.simulate import (
     FittedStepCost,
     NoSpeculation,
     Phase,
+    ServingConfig,
     SimRequest,
     StaticDepth,
     run_configs,
@@ -47,7 +49,7 @@ def _phases(n: int = 16) -> list[Phase]:
     return [good, bad]
 
 
-def _policy(**settings: object) -> RequestPolicy:
+def _policy(**settings: Any) -> RequestPolicy:
     return RequestPolicy(static_k=2, max_k=4, default_class="good", controller=ControllerSettings(**settings))
 
 
@@ -88,8 +90,8 @@ def test_adaptive_tracks_a_shift_between_static_extremes() -> None:
     # Shifting good -> bad: K=4 is best on the first phase, no speculation on the second; the controller should be
     # at least as good as the best single static config over the whole run.
     acc = AcceptanceModel({"good": GOOD, "bad": BAD}, 4, seed=3)
-    configs = [NoSpeculation(), StaticDepth(1), StaticDepth(4),
-               Adaptive(_policy(), COST, {"good": GOOD, "bad": BAD}, drafter_width=True)]
+    configs: list[ServingConfig] = [NoSpeculation(), StaticDepth(1), StaticDepth(4),
+                                    Adaptive(_policy(), COST, {"good": GOOD, "bad": BAD}, drafter_width=True)]
     rows = run_configs({"shift": _phases(24)}, lambda seqs: configs, FittedStepCost(COST), acc, concurrencies=[4])
     by = {r.config: r for r in rows}
     best_static = max(by[c].output_tokens_per_s for c in ("no speculation", "static K=1", "static K=4"))

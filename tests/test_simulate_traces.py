@@ -35,7 +35,8 @@ def test_stats_record_per_request_traces_and_round_trip(tmp_path: Path) -> None:
     traces = {t.cls: t.steps for t in load_traces(path)}
     assert traces == {"code": ((4, 3), (4, 4)), "chat": ((4, 1), (2, 0))}
     # The aggregated counts are unchanged by the recording.
-    assert stats.acceptance("code", 4) is not None and stats.acceptance("code", 4).num_drafts == 2
+    code = stats.acceptance("code", 4)
+    assert code is not None and code.num_drafts == 2
 
 
 def test_trace_recording_is_bounded() -> None:

@@ -67,7 +67,9 @@ def test_comparison_recovers_the_step_time_scale_and_reports_every_config() -> N
     for r in rows:
         assert abs(r["error"]) < 0.005, r
         assert r["error_raw"] == pytest.approx(SLOWER - 1.0, abs=0.005)  # unscaled, the simulator is 10% fast
-    assert "4 of 4 within 10%" in lines[-1] and "every config within 10%: met" in lines[-1]
+    assert lines[-1].startswith("Scaled: 4 of 4 configs other than no speculation within 10%")
+    assert "every config within 10%: met" in lines[-1]
+    assert any(line.startswith("Fit as is: ") and "of 4 configs" in line for line in lines)
 
 
 @pytest.mark.vllm
@@ -82,3 +84,22 @@ def test_simulated_tokens_per_s_within_10_percent_of_measured(tmp_path: Path) ->
     _, rows = validate.compare(json.loads(bundle.read_text()))
     assert all(r["measured"] is not None for r in rows)
     assert max(abs(r["error"]) for r in rows) <= 0.10, rows
+
+
+def test_bundle_takes_each_adaptive_runs_plugin_time_per_step(tmp_path: Path) -> None:
+    import json
+
+    validate = _module("validate_simulate")
+    configs = {"no speculation": {"kind": "none"}, "adaptive (new)": {"kind": "adaptive", "drafter_width": True},
+               "adaptive, trimming only": {"kind": "adaptive", "drafter_width": False}}
+    bench = {"date": "d", "load_before": "0", "load_after": "0", "concurrencies": [8], "max_k": 4, "c1_requests": 12,
+             "workloads": {}, "configs": configs}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "profile.json").write_text(json.dumps(PROFILE))
+    (tmp_path / "rounds.json").write_text("{}")
+    (tmp_path / "adaptive-new-stats.json").write_text(json.dumps({"steps": 400, "overhead_ms": 126.0}))
+    bundle = validate.bundle_from_runtime(tmp_path)
+    # 126 ms over 400 steps; the trimming run wrote no statistics, so it gets none (priced 0).
+    assert bundle["plugin_host_time"] == {"adaptive (new)": {"overhead_ms": 126.0, "steps": 400, "ms_per_step": 0.315,
+                                                             "source": "adaptive-new-stats.json"}}
+    assert bundle["model_configs"] == {"target": None, "drafter": None}  # PROFILE names no local directories

@@ -45,8 +45,10 @@ from autotune.simulate._cost import (
     StepCostSource,
     StepShape,
     controller_cost_model,
+    drafter_token_ratio,
+    params_per_token,
 )
-from autotune.simulate._engine import RequestRecord, SimRun, simulate
+from autotune.simulate._engine import MAX_CATCH_UP_TOKENS, RequestRecord, SimRun, simulate
 from autotune.simulate._predict import predict
 from autotune.simulate._requests import SHAPES, Phase, SimRequest, WorkloadShape, phases_from_workload
 from autotune.simulate._result import ConfigResult, SimulationResult
@@ -68,9 +70,11 @@ from autotune.simulate._store import (
     simulation_study_name,
     store_simulation,
 )
+from autotune.simulate._terms import ProfileTerms, drafter_token_ms, idle_drafter_ms, model_config, profile_terms
 
 __all__ = [
     "CONFIG_KINDS",
+    "MAX_CATCH_UP_TOKENS",
     "ORACLE_LABEL",
     "SHAPES",
     "SIMULATE_BACKEND",
@@ -83,6 +87,7 @@ __all__ = [
     "FittedStepCost",
     "NoSpeculation",
     "Phase",
+    "ProfileTerms",
     "RequestRecord",
     "RequestTrace",
     "RooflineStepCost",
@@ -98,17 +103,23 @@ __all__ = [
     "WorkloadShape",
     "autocorrelation_statistic",
     "controller_cost_model",
+    "drafter_token_ms",
+    "drafter_token_ratio",
     "fit_autocorrelation",
     "gpu_setup",
+    "idle_drafter_ms",
     "is_simulation",
     "list_simulations",
     "load_simulation",
     "load_traces",
     "mean_context",
+    "model_config",
     "oracle_result",
+    "params_per_token",
     "phases_from_workload",
     "predict",
     "profile_setup",
+    "profile_terms",
     "published_profiles",
     "run_configs",
     "simulate",

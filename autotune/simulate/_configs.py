@@ -172,6 +172,9 @@ class Adaptive:
     ``policy``: classes, caps, static fallback and `ControllerSettings` (``policy.controller``); its
     ``drafter_always_runs`` is set from ``drafter_width``. ``cost_model``: the controller's step-cost model (a copy is
     refined online in each run). ``priors``: class profiles seeding the estimator (a stored profile in production).
+    ``plugin_ms_per_step``: the scheduler plugin's own host time per engine step, ms, added to every step of the
+    simulation (only this config installs the plugin); the caller says where it comes from (measured in an engine
+    run as ``PluginStats.overhead_ms / steps``, or 0 when unknown).
     """
 
     policy: RequestPolicy
@@ -179,8 +182,14 @@ class Adaptive:
     priors: Mapping[str, AcceptanceProfile] = field(default_factory=dict)
     drafter_width: bool = False
     name: str | None = None
+    plugin_ms_per_step: float = 0.0
     kind: str = "adaptive"
     speculative: bool = True
+
+    def __post_init__(self) -> None:
+        ms = self.plugin_ms_per_step
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < float("inf"):
+            raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {ms!r}.")
 
     @property
     def label(self) -> str:

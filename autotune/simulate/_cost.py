@@ -15,7 +15,12 @@ that; a `StepCostSource` prices it. Two sources:
   prefill pass would count them twice.
 - `FittedStepCost`: a measured `policies.StepCostModel` fit (what ``peagle-tune profile`` stores): its
   ``predict_tokens(B, V, drafter_ran, D)``, with prompt tokens priced like verified tokens (one forward pass over
-  all of them), plus an optional constant per-step host time outside the measured step window.
+  all of them), plus three terms the fit (decode-only steps, drafter at full width or plainly off) cannot see: the
+  drafter's replay of the tokens it missed in off-steps (``drafter_token_ms`` each), the cost of a speculative
+  engine's step whose drafter is skipped over a plain engine's (``idle_drafter_ms``), and an optional constant
+  per-step host time outside the measured step window.
+
+`drafter_token_ratio` derives the drafter's cost per token relative to the target's from the two models' shapes.
 
 `controller_cost_model` fits the linear `StepCostModel` the depth controller would get from profiling that GPU.
 """
@@ -23,7 +28,7 @@ that; a `StepCostSource` prices it. Two sources:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +45,8 @@ __all__ = [
     "StepCostSource",
     "StepShape",
     "controller_cost_model",
+    "drafter_token_ratio",
+    "params_per_token",
 ]
 
 
@@ -50,7 +57,11 @@ class StepShape:
     ``batch_size``: decoding requests (each verifies K_r >= 0 drafts). ``verified_tokens``: ``sum_r (K_r + 1)``.
     ``drafting_depth``: drafts the drafter proposes per request in this step (0: no drafter pass, no rejection
     sampling). ``context_tokens``: mean context (prompt + generated) of the decoding requests. ``prefill_tokens``:
-    prompt tokens computed in the step, for ``prefill_requests`` requests.
+    prompt tokens computed in the step, for ``prefill_requests`` requests (when the drafter runs it reads them too).
+    ``catch_up_tokens``: tokens the drafter replays in this step because earlier steps skipped it (drafter-width
+    control with ``off_steps="catch_up"``, `policies.plugin.drafter_width`); only with ``drafting_depth > 0``.
+    ``drafter_idle``: the engine has a drafter but skips it in this step (``drafting_depth == 0`` of a speculative
+    engine); False for an engine without speculation.
     """
 
     batch_size: int
@@ -59,10 +70,17 @@ class StepShape:
     context_tokens: float
     prefill_tokens: int = 0
     prefill_requests: int = 0
+    catch_up_tokens: int = 0
+    drafter_idle: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0:
+        if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0 \
+                or self.catch_up_tokens < 0:
             raise ValueError(f"a step shape has no negative counts, but got {self}.")
+        if self.drafting_depth > 0 and self.drafter_idle:
+            raise ValueError(f"a step whose drafter drafts (depth {self.drafting_depth}) is not idle: {self}.")
+        if self.catch_up_tokens and self.drafting_depth == 0:
+            raise ValueError(f"the drafter replays tokens only in a step where it runs, but got {self}.")
         if self.batch_size + self.prefill_requests < 1:
             raise ValueError("a step has at least one request (decoding or prefilling).")
         if self.verified_tokens < self.batch_size:
@@ -85,22 +103,43 @@ class FittedStepCost:
     """Step times from a fitted `policies.StepCostModel` (measured samples, linear fit).
 
     A step with prefill is priced as one pass over ``B + prefill_requests`` requests and ``V + prefill_tokens``
-    tokens. ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step
-    from ``schedule()`` to ``update_from_output()``; output processing between steps is not in it), default 0.
+    tokens. The drafter reads every token the target computes in a step where it runs, so the fit's
+    ``per_verified_token`` (its slope comes from speculative steps of different depths) is the target's plus the
+    drafter's cost per token, and prompt tokens priced at it include the drafter's work on them. The fit is made of
+    decode-only steps at full drafter width or with the drafter plainly off, so three terms come from outside it
+    (all ms, default 0):
+
+    - ``drafter_token_ms``: the drafter's cost per token it replays after off-steps (``StepShape.catch_up_tokens``),
+      e.g. `drafter_token_ms` of `autotune.simulate.profile_terms` (derived from the two models' shapes).
+    - ``idle_drafter_ms``: what a speculative engine's step costs over a plain engine's when the drafter is skipped
+      (``StepShape.drafter_idle``; the fit prices such a step like a no-speculation step). Measured in a profile as
+      the speculative launch's drafter-off steps minus the no-speculation launch's at the same batch size.
+    - ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step from
+      ``schedule()`` to ``update_from_output()``; output processing between steps is not in it).
     """
 
-    def __init__(self, model: StepCostModel, *, label: str = "fitted step-cost model", step_overhead_ms: float = 0.0):
-        if not (math.isfinite(step_overhead_ms) and step_overhead_ms >= 0):
-            raise UsageError(f"step_overhead_ms must be a finite number >= 0, but got {step_overhead_ms}.")
+    def __init__(self, model: StepCostModel, *, label: str = "fitted step-cost model", step_overhead_ms: float = 0.0,
+                 drafter_token_ms: float = 0.0, idle_drafter_ms: float = 0.0):
+        for name, value in (("step_overhead_ms", step_overhead_ms), ("drafter_token_ms", drafter_token_ms),
+                            ("idle_drafter_ms", idle_drafter_ms)):
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"{name} must be a finite number >= 0, but got {value}.")
         self.model = model
         self.step_overhead_ms = float(step_overhead_ms)
+        self.drafter_token_ms = float(drafter_token_ms)
+        self.idle_drafter_ms = float(idle_drafter_ms)
         self._label = label
 
     @property
     def label(self) -> str:
+        parts = [self._label]
+        if self.drafter_token_ms:
+            parts.append(f"{self.drafter_token_ms:.3g} ms per extra drafter token")
+        if self.idle_drafter_ms:
+            parts.append(f"{self.idle_drafter_ms:.3g} ms per skipped-drafter step")
         if self.step_overhead_ms:
-            return f"{self._label} + {self.step_overhead_ms:.3g} ms/step host time"
-        return self._label
+            parts.append(f"{self.step_overhead_ms:.3g} ms/step host time")
+        return " + ".join(parts)
 
     def step_ms(self, shape: StepShape) -> float:
         ran = shape.drafting_depth > 0
@@ -110,7 +149,38 @@ class FittedStepCost:
             ran,
             shape.drafting_depth,
         )
-        return max(ms, 1e-3) + self.step_overhead_ms
+        ms = max(ms, 1e-3) + self.step_overhead_ms
+        if ran:
+            ms += self.drafter_token_ms * shape.catch_up_tokens
+        elif shape.drafter_idle:
+            ms += self.idle_drafter_ms
+        return ms
+
+
+def params_per_token(config: Mapping[str, object]) -> float:
+    """Weights a decoder-only transformer multiplies per token (a Hugging Face ``config.json``): per layer the
+    attention projections (q and o: h*h each; k and v: h * kv_heads * head_dim each) and a gated MLP (3*h*i), plus
+    the LM head (h*vocab). A forward pass does ~2 FLOPs per weight per token; attention over the context is left out
+    (it is the same per token for target and drafter at equal context, up to their head counts)."""
+
+    def num(key: str, default: float | None = None) -> float:
+        value = config.get(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise UsageError(f"model config lacks a positive {key!r} (got {value!r}); cannot size its pass.")
+        return float(value)
+
+    h = num("hidden_size")
+    heads = num("num_attention_heads")
+    kv = num("num_key_value_heads", heads)
+    head_dim = num("head_dim", h / heads)
+    per_layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * num("intermediate_size")
+    return num("num_hidden_layers") * per_layer + h * num("vocab_size")
+
+
+def drafter_token_ratio(target: Mapping[str, object], drafter: Mapping[str, object]) -> float:
+    """The drafter's cost per token as a share of the target's, from their shapes (`params_per_token`): on a
+    compute-bound device (a CPU) a token costs in proportion to the weights it is multiplied by."""
+    return params_per_token(drafter) / params_per_token(target)
 
 
 class RooflineStepCost:

@@ -10,14 +10,22 @@ Each step:
 4. the config's `DepthRule` decides, for the requests that will decode next (this step's decoding requests and those
    whose prompt completes now), their depth in the next step, and the drafter's depth D of this step (0: no drafter
    pass) -- the scheduler plugin's order: decide at ``schedule()`` of step n, draft during step n, verify at n+1;
-5. the step takes ``cost.step_ms(StepShape(...))``; every decoding request gains ``A_r + 1`` tokens (A_r accepted
-   drafts from its `AcceptanceStream`, plus the bonus token), capped at its output length; a request whose prompt
-   is complete gains its first token (TTFT);
+   under the scheduler plugin (`Adaptive`) the drafter also runs in every step with prompt tokens (it reads them;
+   the plugin skips the drafter only in steps without any), at depth 1 at least;
+5. the step takes ``cost.step_ms(StepShape(...))`` plus the config's ``plugin_ms_per_step`` (the scheduler plugin's
+   own host time, `Adaptive`; the controller observes the step time without it). A speculative engine's step
+   without a drafter pass is ``StepShape.drafter_idle``.
+   Under the plugin (drafter-width control with ``off_steps="catch_up"``, `policies.plugin.drafter_width`) the
+   first step that drafts again replays, per decoding request, the tokens the skipped steps produced
+   (``StepShape.catch_up_tokens``; a request with more than ``max_catch_up_tokens`` missed is abandoned, as the
+   plugin does); a vLLM schedule at K = 0 is assumed to skip the drafter without replay.
+   Every decoding request gains ``A_r + 1`` tokens (A_r accepted drafts from its `AcceptanceStream`, plus the bonus
+   token), capped at its output length; a request whose prompt is complete gains its first token (TTFT);
 6. finished requests leave; in closed loop their client sends the next request of the phase at once.
 
-Not modelled: KV-cache capacity and preemption, the scheduler's own CPU time beyond what the cost source prices,
-async scheduling, and early stops (EOS): each request generates exactly its output length. Time is in ms from the
-start of the run.
+Not modelled: KV-cache capacity and preemption, host time per request (arrival, detokenisation) and the
+scheduler's own CPU time beyond what the cost source and ``plugin_ms_per_step`` price, async scheduling, and early
+stops (EOS): each request generates exactly its output length. Time is in ms from the start of the run.
 """
 
 from __future__ import annotations
@@ -35,7 +43,11 @@ from autotune.simulate._configs import ServingConfig
 from autotune.simulate._cost import StepCostSource, StepShape
 from autotune.simulate._requests import Phase, SimRequest
 
-__all__ = ["RequestRecord", "SimRun", "simulate"]
+__all__ = ["MAX_CATCH_UP_TOKENS", "RequestRecord", "SimRun", "simulate"]
+
+MAX_CATCH_UP_TOKENS = 512
+"""Default of ``DrafterWidthSettings.max_catch_up_tokens`` (`policies.plugin.drafter_width`): a request that missed
+more drafter tokens than this is not caught up (its holes are abandoned)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,12 @@ class SimRun:
     """Sum over steps of decoding requests (mean batch = batch_sum / steps)."""
     duration_ms: float
     rule_summary: dict[str, Any] = field(default_factory=dict)
+    catch_up_tokens: int = 0
+    """Tokens the drafter replayed after off-steps (summed over steps and requests)."""
+    idle_drafter_steps: int = 0
+    """Steps of a speculative engine in which the drafter was skipped."""
+    plugin_ms: float = 0.0
+    """Host time of the scheduler plugin added over the run (``plugin_ms_per_step`` x steps)."""
 
     @property
     def output_tokens(self) -> int:
@@ -98,7 +116,7 @@ class SimRun:
 
 class _Live:
     __slots__ = ("req", "phase", "stream", "arrival", "prompt_left", "generated", "first_token", "steps", "drafted",
-                 "accepted", "drafts_ready", "next_depth", "decoding")
+                 "accepted", "drafts_ready", "next_depth", "decoding", "missed")
 
     def __init__(self, req: SimRequest, phase: int, stream: AcceptanceStream, arrival: float) -> None:
         self.req = req
@@ -114,6 +132,7 @@ class _Live:
         self.drafts_ready = 0
         self.next_depth: int | None = None
         self.decoding = False
+        self.missed = 0  # tokens without drafter KV (produced in steps that skipped the drafter)
 
     @property
     def context(self) -> int:
@@ -132,11 +151,12 @@ def simulate(
     max_num_batched_tokens: int = 8192,
     seed: int = 0,
     max_steps: int = 5_000_000,
+    max_catch_up_tokens: int = MAX_CATCH_UP_TOKENS,
 ) -> SimRun:
     """Serve ``phases`` with ``config``; closed loop at ``concurrency`` or open loop at ``request_rate`` (req/s).
 
     Deterministic for a seed: the acceptance streams are seeded per request (`AcceptanceModel`), Poisson arrivals
-    by ``seed``.
+    by ``seed``. ``max_catch_up_tokens``: per request, the most missed tokens the drafter replays (see step 5).
     """
     if (concurrency is None) == (request_rate is None):
         raise UsageError("simulate needs exactly one of concurrency (closed loop) or request_rate (open loop).")
@@ -149,6 +169,10 @@ def simulate(
     rule = config.start()
     max_k = acceptance.max_k
     speculative = config.speculative
+    plugin = speculative and config.kind == "adaptive"  # the plugin's drafter-width rules (step 4 and 5)
+    plugin_ms = float(getattr(config, "plugin_ms_per_step", 0.0) or 0.0)
+    if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
+        raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
 
     # Arrivals: open loop draws every request's time up front; closed loop releases them as clients free up.
     timed: deque[tuple[float, int, SimRequest]] = deque()
@@ -172,6 +196,7 @@ def simulate(
     depth_hist: dict[int, int] = {}
     t = 0.0
     steps = decode_request_steps = drafter_steps = batch_sum = 0
+    catch_up_total = idle_steps = 0
 
     def arrive(req: SimRequest, phase: int, at: float) -> None:
         waiting.append(_Live(req, phase, acceptance.stream(req), at))
@@ -238,17 +263,30 @@ def simulate(
             rule.join(x.req.request_id, x.req.cls)
         planned_for = decoding + completing
         planned, drafting = rule.plan([x.req.request_id for x in planned_for], len(decoding) + len(chunks))
+        prefill_tokens = sum(c for _, c in chunks)
         if not speculative:
             drafting = 0
-        prefill_tokens = sum(c for _, c in chunks)
+        elif plugin and prefill_tokens and drafting == 0:
+            drafting = 1  # the drafter reads the prompt tokens; the plugin skips it only in steps without any
+        catch_up = 0
+        if plugin and drafting > 0:
+            for x in decoding:
+                if x.missed:
+                    if x.missed <= max_catch_up_tokens:
+                        catch_up += x.missed
+                    x.missed = 0
+        idle = speculative and drafting == 0
         context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
-        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks))
-        step_ms = cost.step_ms(shape)
-        t += step_ms
+        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle)
+        step_ms = cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's time
+        t += step_ms + plugin_ms
         steps += 1
         batch_sum += len(decoding)
+        catch_up_total += catch_up
         if drafting > 0:
             drafter_steps += 1
+        elif idle:
+            idle_steps += 1
         for x, k in zip(planned_for, planned, strict=True):
             x.next_depth = k
             x.drafts_ready = drafting
@@ -263,6 +301,8 @@ def simulate(
             if gain > left:
                 gain = left
             x.generated += gain
+            if idle and plugin:
+                x.missed += gain
             x.steps += 1
             x.drafted += k
             x.accepted += a
@@ -308,4 +348,7 @@ def simulate(
         batch_sum=batch_sum,
         duration_ms=t - start,
         rule_summary=rule.summary(),
+        catch_up_tokens=catch_up_total,
+        idle_drafter_steps=idle_steps,
+        plugin_ms=plugin_ms * steps,
     )

@@ -6,7 +6,9 @@ Two starting points:
   acceptance per class from the drafter's published acceptance (the catalog's per-position curve through the
   published acceptance lengths: a prediction), or from measured profiles when given.
 - `profile_setup`: a stored profile (``peagle-tune profile``): its measured acceptance per class and its fitted
-  `policies.StepCostModel` (`FittedStepCost`). This is how the CPU fixtures are simulated for validation.
+  `policies.StepCostModel` (`FittedStepCost`), completed by the terms the fit cannot see (`profile_terms`: a skipped
+  drafter's step measured in the profile, the drafter's cost per extra token derived from the two models' shapes).
+  This is how the CPU fixtures are simulated for validation.
 
 `Setup.configs` builds, for one ``max_num_seqs``: no speculation, static K = 1..K_max, vLLM's batch-size schedule
 (best K per batch size predicted from the same cost and acceptance, as ``benchmarks/bench_runtime.py`` chooses it),
@@ -40,6 +42,7 @@ from autotune.simulate._cost import (
     controller_cost_model,
 )
 from autotune.simulate._requests import Phase
+from autotune.simulate._terms import ProfileTerms, profile_terms
 from autotune.spec import MAX_K, SpecConfig
 from autotune.workloads import REFERENCE_FOR_CLASS
 from policies import AcceptanceProfile, RequestPolicy, StepCostModel
@@ -278,9 +281,11 @@ def profile_setup(
     step_overhead_ms: float = 0.0,
     seed: int = 0,
     device: str | None = None,
+    terms: ProfileTerms | None = None,
 ) -> Setup:
     """A stored profile (a `store.ProfileRecord`, its dict, or a `autotune.profiling.ProfileResult`): measured
-    acceptance per class and the fitted step-cost model (see the module docstring)."""
+    acceptance per class and the fitted step-cost model (see the module docstring). ``terms``: the step-cost terms
+    beyond the fit; None derives them from the record (`profile_terms`), ``ProfileTerms()`` prices none."""
     from autotune.profiling import predictor_from_profile
 
     acceptance, cost_model = predictor_from_profile(record)
@@ -298,7 +303,10 @@ def profile_setup(
         )
     pid = get("id") if get("id") is not None else get("profile_id")
     label = f"measured profile #{pid}" if pid is not None else "measured profile"
-    cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label}", step_overhead_ms=step_overhead_ms)
+    if terms is None:
+        terms = profile_terms(record, cost_model)
+    cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label}", step_overhead_ms=step_overhead_ms,
+                          drafter_token_ms=terms.drafter_token_ms, idle_drafter_ms=terms.idle_drafter_ms)
     model_acc = AcceptanceModel(
         {c: acceptance[c] for c in classes}, max_k, autocorrelation=autocorrelation, traces=traces, seed=seed,
         source=label,

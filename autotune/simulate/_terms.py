@@ -1,0 +1,121 @@
+"""Step-cost terms a profile's linear fit cannot see, derived from the profile itself (ms, measured or derived).
+
+The fitted `policies.StepCostModel` is made of decode-only steps with the drafter at full width or plainly off, and
+prices a drafter-off step of a speculative engine like a no-speculation step. Two terms complete it for the simulator
+(`FittedStepCost`):
+
+- `idle_drafter_ms`: a speculative engine's step whose drafter is skipped costs more than a plain engine's step of
+  the same batch (the speculative launch's bookkeeping, the plugin's plan mode). Measured: the profile's speculative
+  launch's drafter-off steps at depth 0 minus its no-speculation launch's steps at the same batch size, averaged
+  with the former's step counts as weights.
+- `drafter_token_ms`: the drafter's cost per token it replays after off-steps. Derived: the fit's
+  ``per_verified_token`` is the target's plus the drafter's cost per token (the drafter reads every verified token;
+  the slope comes from speculative steps of different depths), split in the ratio r of the two models' weights per
+  token (`drafter_token_ratio`, how a compute-bound device such as a CPU prices a token): ``per_verified_token *
+  r / (1 + r)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.simulate._cost import drafter_token_ratio
+from policies import StepCostModel
+
+__all__ = ["ProfileTerms", "drafter_token_ms", "idle_drafter_ms", "model_config", "profile_terms"]
+
+
+def _get(sample: Any, key: str) -> Any:
+    return sample.get(key) if isinstance(sample, Mapping) else getattr(sample, key, None)
+
+
+def idle_drafter_ms(step_samples: Iterable[Any], baseline_samples: Iterable[Any]) -> tuple[float, int] | None:
+    """(ms, steps it rests on): the speculative launch's drafter-off depth-0 steps (``drafter_ran`` false,
+    ``verified_tokens == batch_size``) minus the no-speculation launch's mean step at the same batch size, weighted
+    by the former's ``n``; clipped at 0. None when no batch size has both."""
+    base: dict[int, tuple[float, int]] = {}
+    for s in baseline_samples:
+        b, n, ms = int(_get(s, "batch_size")), int(_get(s, "n") or 1), float(_get(s, "step_ms"))
+        total, count = base.get(b, (0.0, 0))
+        base[b] = (total + ms * n, count + n)
+    excess = 0.0
+    weight = 0
+    for s in step_samples:
+        b = int(_get(s, "batch_size"))
+        verified = _get(s, "verified_tokens")
+        if _get(s, "drafter_ran") or b not in base or (verified is not None and int(verified) != b):
+            continue
+        if verified is None and int(_get(s, "depth") or 0) != 0:
+            continue
+        n = int(_get(s, "n") or 1)
+        total, count = base[b]
+        excess += (float(_get(s, "step_ms")) - total / count) * n
+        weight += n
+    if not weight:
+        return None
+    return max(excess / weight, 0.0), weight
+
+
+def drafter_token_ms(cost_model: StepCostModel, target: Mapping[str, Any], drafter: Mapping[str, Any]) -> float:
+    """The drafter's ms per replayed token: the fit's ``per_verified_token`` x r / (1 + r), r =
+    `drafter_token_ratio` (see the module docstring)."""
+    r = drafter_token_ratio(target, drafter)
+    return cost_model.coefficients.get("per_verified_token", 0.0) * r / (1.0 + r)
+
+
+def model_config(path_or_name: Any) -> dict[str, Any] | None:
+    """A local model's ``config.json`` (a directory path), else None (a hub or catalog name)."""
+    if not path_or_name:
+        return None
+    path = Path(str(path_or_name)) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class ProfileTerms:
+    """The two terms for one profile and where each came from (``None`` source: not available, priced 0)."""
+
+    idle_drafter_ms: float = 0.0
+    idle_drafter_source: str | None = None
+    drafter_token_ms: float = 0.0
+    drafter_token_source: str | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.idle_drafter_source:
+            parts.append(f"skipped-drafter step +{self.idle_drafter_ms:.2f} ms ({self.idle_drafter_source})")
+        if self.drafter_token_source:
+            parts.append(f"drafter {self.drafter_token_ms:.4f} ms per extra token ({self.drafter_token_source})")
+        return "; ".join(parts) if parts else "no terms beyond the fit"
+
+
+def profile_terms(
+    record: Any,
+    cost_model: StepCostModel,
+    target_config: Mapping[str, Any] | None = None,
+    drafter_config: Mapping[str, Any] | None = None,
+) -> ProfileTerms:
+    """Both terms for a profile record (dict or object with ``step_samples``, ``baseline_samples``, ``model``,
+    ``drafter``). The model configs default to the record's model and drafter when they are local directories."""
+    idle = idle_drafter_ms(_get(record, "step_samples") or (), _get(record, "baseline_samples") or ())
+    target = target_config if target_config is not None else model_config(_get(record, "model"))
+    drafter = drafter_config if drafter_config is not None else model_config(_get(record, "drafter"))
+    out: dict[str, Any] = {}
+    if idle is not None:
+        out["idle_drafter_ms"] = idle[0]
+        out["idle_drafter_source"] = (f"measured in the profile: speculative launch's drafter-off steps minus "
+                                      f"no-speculation launch's, {idle[1]} steps")
+    if target is not None and drafter is not None:
+        ratio = drafter_token_ratio(target, drafter)
+        out["drafter_token_ms"] = drafter_token_ms(cost_model, target, drafter)
+        out["drafter_token_source"] = (f"derived: fit's per_verified_token x r/(1+r), r = drafter/target weights "
+                                       f"per token = {ratio:.3f}")
+    return ProfileTerms(**out)
