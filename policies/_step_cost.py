@@ -23,7 +23,7 @@ for a depth-0 step: pass ``drafter_ran=True`` then.
 
 Fitting minimises the n-weighted squared *relative* error with non-negative coefficients (scipy.optimize.nnls), so
 small-batch steps of a few ms count as much as large ones. `update` refines the fit online by exponentially forgotten
-least squares anchored to the prior model (see `StepCostModel.update`). Everything the model returns is a
+Bayesian least squares with the prior model as the prior (see `StepCostModel.update`). Everything the model returns is a
 prediction; the samples are measurements.
 """
 
@@ -54,14 +54,13 @@ FEATURES = SEQUENTIAL_FEATURES
 """Every feature name the model knows, in column order."""
 
 _STATE_VERSION = 1
-_PRIOR_STEPS = 0.1
-"""Least weight of the prior (the model before online updates) in `StepCostModel.update`, in steps."""
-_PRIOR_SHARE = 0.05
-"""...and its weight as a share of the remembered measurements' (forgotten steps no longer count): the prior keeps
-5% of the say wherever the traffic measures and holds the directions it measures only weakly. Nearly collinear
-features are the rule online (one batch size and one depth dominate a phase): with 0.1 step alone, a benchmark's
-first phases at batch 8, depth 4 left ``per_verified_token`` at 0.02 ms against a fitted and measured 0.15, so
-verifying more drafts looked free and a class that accepts 23% at position 1 was verified at depth 1."""
+_PRIOR_ERROR = 0.10
+"""Relative error assumed for a prior that carries no fit error (a model built from bare coefficients)."""
+_MAD_TO_SIGMA = 1.4826
+"""Median absolute relative error -> standard deviation (normal errors): ``sigma = 1.4826 * median``."""
+_NOISE_FLOOR = 1e-3
+"""Least relative noise of one measured step (0.1%): noise-free measurements (a simulator) still leave the prior a
+trace of weight, so the directions they never excite stay defined."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +137,12 @@ class StepCostModel:
         self._stale = False  # updates arrived since `_theta` was solved (solved once, when next read)
         # Online refinement (`update`), created at the first update: the prior's (information, rhs) and the
         # forgotten data's.
-        self._prior: tuple[np.ndarray, np.ndarray] | None = None
+        self._prior: tuple[np.ndarray, np.ndarray, float] | None = None
         self._info: np.ndarray | None = None
-        self._weight = 0.0  # remembered measured steps (forgotten like the data)
+        self._updates = 0.0  # remembered pooled updates (forgotten like the data)
         self._rhs: np.ndarray | None = None
+        self._yy = 0.0  # remembered sum of squared targets (for the residual sum of squares)
+        self._noise2: float | None = None  # estimated relative noise variance of one step (see `_solved`)
         self._fit_samples: tuple[StepSample, ...] = ()
         self._fit_stats: dict[str, float] | None = None
 
@@ -282,17 +283,23 @@ class StepCostModel:
     def update(self, sample: StepSample) -> None:
         """Refine the coefficients with one measured step (or the mean of ``sample.n`` steps of one shape).
 
-        Exponentially forgotten least squares anchored to a prior that is never forgotten: the coefficients minimise
-        ``sum_j forgetting**age_j * n_j * rel_err_j**2 + prior`` under ``coefficients >= 0``, where ``prior`` is the
-        same relative error of the model as it was before any update (its fit, or its stored coefficients), over a
-        grid of shapes and worth `_PRIOR_SHARE` of the remembered steps (at least `_PRIOR_STEPS`). Measured shapes
-        therefore move the prediction where
-        they are measured, and directions the live traffic never excites (a constant batch size, a drafter that
-        always runs) keep the prior instead of drifting: with plain RLS and forgetting, a long stretch of one shape
-        (say B=1, K=4) leaves the off-step and batch-size terms unconstrained, and they drifted far from the
-        measurements (an off-step predicted at 6.7 ms where 3.7 ms were measured). The non-negative solution is exact
-        (NNLS), not a clipped unconstrained one. Cost: O(F^2) per update; one F x F NNLS (F <= 7 features) when the
-        coefficients are next read.
+        Bayesian linear regression on relative errors, with forgetting: the coefficients minimise
+        ``sum_j forgetting**age_j * n_j * rel_err_j**2 / noise**2 + prior / prior_error**2`` under
+        ``coefficients >= 0``, where ``noise`` is the relative noise of one measured step, estimated from the
+        remembered measurements (`_solved`), ``prior`` is the mean squared relative error against the model as it
+        was before any update (its fit, or its stored coefficients) over the shapes it was fit on (or a grid
+        spanning every feature), and ``prior_error`` is that fit's own error (``1.4826 * median_rel_error``, or
+        `_PRIOR_ERROR` when the model carries no fit error). The prior counts as one observation, not one per fit
+        sample: a linear fit's errors at neighbouring shapes are one misfit, not independent measurements.
+
+        So the prior's pull is fixed and the data's grows with what they measure, direction by direction: directions
+        the measurements pin down follow them (a GPU whose step at B = 1 costs 0.23 ms per verified token where the
+        fit over B = 1..64 says 0.036), directions they excite only weakly against their noise keep the prior (CPU
+        steps with ~15% noise at nearly one shape had driven ``per_verified_token`` to 0.02 ms against a measured
+        0.15 when the prior was worth a fixed 0.1 step), and directions they never excite stay at the prior (plain
+        RLS with forgetting let an off-step drift to 6.7 ms where 3.7 ms were measured after a long stretch at B=1,
+        K=4). The non-negative solution is exact (NNLS), not a clipped unconstrained one. Cost: O(F^2) per update;
+        one F x F eigendecomposition and one NNLS (F <= 7 features) when the coefficients are next read.
         """
         x = self.features(sample.batch_size, sample.tokens, sample.drafted, sample.depth)
         scale = math.sqrt(sample.n) / sample.step_ms
@@ -303,24 +310,48 @@ class StepCostModel:
             dim = len(self.feature_names)
             self._info, self._rhs = np.zeros((dim, dim)), np.zeros(dim)
         lam = self.forgetting
-        self._weight = lam * self._weight + sample.n
+        self._updates = lam * self._updates + 1.0
         self._info = lam * self._info + np.outer(x, x)
         self._rhs = lam * self._rhs + x * y
+        self._yy = lam * self._yy + y * y
         self._stale = True
 
+    @property
+    def noise(self) -> float | None:
+        """Estimated relative noise of one measured step (standard deviation of ``(measured - predicted) /
+        measured``), from the remembered online measurements; None before there are more pooled updates than
+        features."""
+        self._solved()
+        return None if self._noise2 is None else math.sqrt(self._noise2)
+
     def _solved(self) -> np.ndarray:
-        """The coefficients, re-solved if updates arrived since (so a batch of updates costs one NNLS)."""
+        """The coefficients, re-solved if updates arrived since (so a batch of updates costs one NNLS).
+
+        The prior's weight relative to one measured step is ``noise**2 / prior_error**2`` (`update`). The noise is
+        estimated from the measurements alone, as in ordinary least squares: the residual sum of squares of their own
+        best linear fit over its degrees of freedom (remembered pooled updates minus the directions they span; each
+        pooled update of n steps contributes ``n * rel_err**2``, whose expectation is one step's noise variance). So
+        measurements that disagree with the prior do not count as noise. Until there are more pooled updates than
+        directions the noise is unknown and the measurements are taken at face value (`_NOISE_FLOOR`): the first
+        refresh moves the model to them, and the noise estimate takes over from the next ones (every solve starts
+        from the remembered statistics, so nothing of that first step is kept)."""
         if self._stale and self._prior is not None and self._info is not None and self._rhs is not None:
-            scale = max(1.0, _PRIOR_SHARE * self._weight / _PRIOR_STEPS)
-            self._theta = _nonnegative_solve(scale * self._prior[0] + self._info, scale * self._prior[1] + self._rhs)
+            prior_info, prior_rhs, prior_var = self._prior
+            self._noise2 = _residual_variance(self._info, self._rhs, self._yy, self._updates)
+            noise2 = _NOISE_FLOOR**2 if self._noise2 is None else self._noise2
+            k = noise2 / prior_var
+            self._theta = _nonnegative_solve(k * prior_info + self._info, k * prior_rhs + self._rhs)
             self._stale = False
         return self._theta
 
-    def _prior_system(self) -> tuple[np.ndarray, np.ndarray]:
-        """(information matrix, right-hand side) of the prior: the current model's own predictions, weighted as
-        relative errors, on the fit's shapes (or a grid spanning every feature), `_PRIOR_STEPS` steps in total
-        (scaled up to `_PRIOR_SHARE` of the data when solved)."""
+    def _prior_system(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """(information matrix, right-hand side, error variance) of the prior: the current model's own predictions,
+        weighted as relative errors, on the fit's shapes (or a grid spanning every feature), one observation in
+        total, and the fit's relative error variance (see `update`)."""
         dim = len(self.feature_names)
+        stats = self._fit_stats or {}
+        median = stats.get("median_rel_error")
+        error = _PRIOR_ERROR if median is None else max(_MAD_TO_SIGMA * float(median), _NOISE_FLOOR)
         if self._fit_samples:
             shapes = [(s.batch_size, s.tokens, s.drafted, s.depth) for s in self._fit_samples]
         else:
@@ -334,10 +365,10 @@ class StepCostModel:
             if pred > 0:
                 rows.append(x / pred)
         if not rows:  # an all-zero model says nothing: an almost flat prior
-            return np.eye(dim) * 1e-9, np.zeros(dim)
-        xs = np.stack(rows) * math.sqrt(_PRIOR_STEPS / len(rows))
-        ones = np.full(len(rows), math.sqrt(_PRIOR_STEPS / len(rows)))
-        return xs.T @ xs + np.eye(dim) * 1e-9, xs.T @ ones
+            return np.eye(dim) * 1e-9, np.zeros(dim), error**2
+        xs = np.stack(rows) / math.sqrt(len(rows))
+        ones = np.full(len(rows), 1.0 / math.sqrt(len(rows)))
+        return xs.T @ xs + np.eye(dim) * 1e-9, xs.T @ ones, error**2
 
     # ---- (de)serialising -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -402,11 +433,34 @@ def _al_function(
     return lambda k: values[k]
 
 
+def _residual_variance(info: np.ndarray, rhs: np.ndarray, yy: float, updates: float) -> float | None:
+    """Relative noise variance of one step, ``RSS / (updates - rank)``, from the sufficient statistics of a weighted
+    least-squares problem (``info = X'X``, ``rhs = X'y``, ``yy = y'y``): the RSS of its unconstrained best fit, on the
+    directions the data span (eigenvalues above 1e-9 of the largest, after scaling the columns to unit norm). None
+    when the data have no degrees of freedom left."""
+    diag = np.sqrt(np.maximum(np.diag(info), 0.0))
+    if not diag.max() > 0:
+        return None
+    inv = 1.0 / np.where(diag > 0, diag, 1.0)  # a feature never excited keeps a zero row: a zero eigenvalue
+    values, vectors = np.linalg.eigh(info * np.outer(inv, inv))  # ascending
+    keep = values > 1e-9 * values[-1]
+    dof = updates - int(np.count_nonzero(keep))
+    if dof <= 0:
+        return None
+    proj = vectors[:, keep].T @ (rhs * inv)
+    rss = max(yy - float(np.sum(proj**2 / values[keep])), 0.0)
+    return max(rss / dof, _NOISE_FLOOR**2)
+
+
 def _nonnegative_solve(info: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """argmin ``t' info t - 2 rhs' t`` over ``t >= 0`` (info symmetric positive definite), by NNLS on its Cholesky
     factor: with ``info = L L'``, the objective is ``|L' t - L^-1 rhs|^2`` up to a constant."""
     from scipy import optimize  # lazily, as in `StepCostModel.fit`
 
-    lower = np.linalg.cholesky(0.5 * (info + info.T))
+    sym = 0.5 * (info + info.T)
+    # A relative jitter keeps the factorisation defined when the prior is flat (an all-zero model) or weighs almost
+    # nothing (noise-free data) along a direction the data do not excite; it moves no solution measurably.
+    sym[np.diag_indices_from(sym)] += 1e-12 * max(float(np.max(np.diag(sym))), 1e-300)
+    lower = np.linalg.cholesky(sym)
     theta, _ = optimize.nnls(lower.T, np.linalg.solve(lower, rhs))
     return np.asarray(theta, dtype=float)
