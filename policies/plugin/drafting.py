@@ -19,7 +19,7 @@ Nothing here imports vLLM; the functions take vLLM's objects duck-typed, so they
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "find_engine_executor",
     "handshake",
     "is_off_step",
+    "skip_draft_fetch_on_off_steps",
     "plan_width",
     "step_has_prompt_tokens",
 ]
@@ -146,6 +147,28 @@ def is_off_step(output: Any, width: int, result: HandshakeResult) -> bool:
     if width != 0 or not result.skip_drafter or not output.num_scheduled_tokens:
         return False
     return result.off_steps == "catch_up" or not step_has_prompt_tokens(output)
+
+
+def skip_draft_fetch_on_off_steps(executor: Any, off_step: Callable[[], bool]) -> bool:
+    """After an off-step there are no drafts to fetch: make the engine core's ``take_draft_token_ids`` call return
+    None without asking the workers, when ``off_step()`` says the step just executed was one.
+
+    vLLM's ``EngineCore.post_step`` fetches the drafts after every synchronous step with speculation configured; with
+    the multiprocess executor that is a round trip to the worker processes per step even when the drafter was
+    skipped. The method is replaced on this executor instance only (vLLM's classes are untouched). Only for
+    synchronous executors that run one batch at a time (with a batch queue the step just executed is not the one
+    last scheduled). Returns whether it was installed."""
+    if executor is None or int(getattr(executor, "max_concurrent_batches", 1) or 1) != 1:
+        return False
+    fetch = getattr(executor, "take_draft_token_ids", None)
+    if not callable(fetch):
+        return False
+
+    def take_draft_token_ids() -> Any:
+        return None if off_step() else fetch()
+
+    executor.take_draft_token_ids = take_draft_token_ids
+    return True
 
 
 def mark_off_step(output: Any, off: bool) -> None:

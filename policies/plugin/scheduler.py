@@ -91,6 +91,7 @@ from policies.plugin.drafting import (
     handshake,
     is_off_step,
     mark_off_step,
+    skip_draft_fetch_on_off_steps,
 )
 from policies.plugin.factory import build_controller, check_plugin_fault
 from policies.plugin.labels import Labeled, RequestLabeler
@@ -98,6 +99,9 @@ from policies.plugin.metrics import GuardedMetrics
 from policies.plugin.stats import PluginStats
 
 __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
+
+_FETCH_CHECK_EVERY = 64
+"""Off-steps between two draft fetches that check the workers still skip (`PeagleScheduler._no_drafts_to_fetch`)."""
 
 logger = init_logger("vllm.peagle_scheduler")
 
@@ -163,6 +167,10 @@ class PeagleScheduler(Scheduler):
         self._controller_fallbacks = 0
         self._async = isinstance(self, AsyncScheduler)
         self._width = HandshakeResult.refused("not attempted")  # what the workers proved (drafter width)
+        self._executor: Any = None  # vLLM's model executor (found for the handshake)
+        self._off_step = False  # the step last scheduled skips the drafter (no drafts to fetch after it)
+        self._fetch_skipped = False  # the executor's draft fetch returns None after an off-step
+        self._off_steps_seen = 0
         self._skip = False  # off-steps skip the drafter (every worker proved it)
         self._width_fallback_logged = False
         try:
@@ -178,6 +186,8 @@ class PeagleScheduler(Scheduler):
         if self._width.lower_width and config.lower_drafting_depth is not False:
             lower = self._k > 0  # every worker drafts only the planned width (parallel drafting included)
         self._skip = self._width.skip_drafter and lower
+        if self._skip and not self._async:
+            self._fetch_skipped = skip_draft_fetch_on_off_steps(self._executor, self._no_drafts_to_fetch)
         self._config = config
         self._rules = DepthRules(self._k, config.static_depth, config.class_depths, lower)
         self._stats = PluginStats(max_samples_per_key=config.max_samples_per_key)
@@ -192,7 +202,7 @@ class PeagleScheduler(Scheduler):
             "parallel_drafting": self._parallel,
             "lower_drafting_depth": lower,
             "async_scheduling": async_on or self._async,
-            "drafter_width": {**self._width.info(), "skip_drafter": self._skip},
+            "drafter_width": {**self._width.info(), "skip_drafter": self._skip, "skip_fetch": self._fetch_skipped},
             "max_num_seqs": self.scheduler_config.max_num_seqs,
         }
         if self._k == 0:
@@ -237,7 +247,17 @@ class PeagleScheduler(Scheduler):
             return HandshakeResult.refused("no speculative decoding configured")
         if not config.drafter_width_enabled:
             return HandshakeResult.refused("drafter_width.enabled is false in the plugin config")
-        return handshake(find_engine_executor(), config.drafter_width_settings())
+        self._executor = find_engine_executor()
+        return handshake(self._executor, config.drafter_width_settings())
+
+    def _no_drafts_to_fetch(self) -> bool:
+        """The step just executed skipped the drafter, so there are no drafts to fetch from the workers. Every
+        `_FETCH_CHECK_EVERY`-th off-step fetches anyway: a worker whose patch failed drafts at full width, and the
+        over-long drafts are what sends the plugin back to trimming (`update_draft_token_ids`)."""
+        if not self._off_step:
+            return False
+        self._off_steps_seen += 1
+        return self._off_steps_seen % _FETCH_CHECK_EVERY != 0
 
     def _set_drafter_always_runs(self, always: bool) -> None:
         """Tell the controller whether a step at depth 0 still pays for the drafter (trimming) or not (off-steps)."""
@@ -321,6 +341,7 @@ class PeagleScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         t0 = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        self._off_step = False
         if self._active:
             t1 = time.perf_counter()
             try:
@@ -448,7 +469,8 @@ class PeagleScheduler(Scheduler):
         drafting = rules.drafting_depth(depths)
         if rules.lower_drafting:
             output.num_spec_tokens_to_schedule = drafting
-            if self._skip and is_off_step(output, drafting, self._width):
+            self._off_step = self._skip and is_off_step(output, drafting, self._width)
+            if self._off_step:
                 mark_off_step(output, True)
         self._planned_width = output.num_spec_tokens_to_schedule
         if self._async:  # the runner copies each request's first len(placeholders) drafts
