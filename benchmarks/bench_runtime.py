@@ -480,8 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         for label in [*rounds, "per-phase oracle (computed)"]:
             if label.startswith("per-phase"):
                 sh, st = oracle[f"c{cc}:shifting"], oracle[f"c{cc}:stationary"]
-                picks = oracle_pick[f"c{cc}:shifting"]
-                ph = "picks " + "; ".join("/".join(p) for p in picks)
+                phase_picks = oracle_pick[f"c{cc}:shifting"]
+                ph = "picks " + "; ".join("/".join(p) for p in phase_picks)
                 lines.append(f"| {label} | {spread(sh)} | {spread(st)} | {ph} | |")
                 continue
             if not rounds[label]:
@@ -510,9 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"c{cc}:{w}"
                 bs = best_static_of(key)
                 goal = 1.15 if (cc == 1 and w == "shifting") else 0.98
-                r = med(label, key) / med(bs, key)
-                lines.append(f"| {label} / best static ({bs}), c={cc} {w} | {r:.3f}x | >= {goal}x | "
-                             f"{'yes' if r >= goal else 'NO'} |")
+                ratio = med(label, key) / med(bs, key)
+                lines.append(f"| {label} / best static ({bs}), c={cc} {w} | {ratio:.3f}x | >= {goal}x | "
+                             f"{'yes' if ratio >= goal else 'NO'} |")
         for cc in concs:
             key = f"c{cc}:shifting"
             ent = [statistics.median(col) for col in zip(*phase_tput[label][key], strict=True)][1]

@@ -20,16 +20,17 @@ control off (trimming) and as shipped (drafter width on). Each figure is the med
 Step 2 simulates the same requests (prompt tokens = bytes + <bos>; output lengths = those the no-speculation run
 generated, which every greedy config reproduces) with `autotune.simulate`: the profile's fitted step-cost model, its
 acceptance per class, the recorded traces, and the acceptance autocorrelation fitted to the traces; the adaptive
-configs run the real `policies` controller. Beyond the fit (`autotune.simulate.profile_terms`): a skipped drafter's
-step costs what the profile measured (speculative launch's drafter-off steps minus the no-speculation launch's), the
-drafter's prompt tokens and catch-up replay cost the fit's per-token time times the drafter/target weight ratio
-(from the two models' config.json), and each adaptive config adds the scheduler plugin's own host time per step
-measured in its run (``overhead_ms / steps`` of its plugin statistics). The table gives, per concurrency, config and
-workload, measured and
-simulated tok/s and the error, twice: with the cost model as fitted, and with every step time multiplied by one
-scale fitted on the no-speculation config alone at that concurrency (the profile and the measured runs are
-different engine launches); the other configs are then predictions. The issue's goal: every config
-within 10%.
+configs run the real `policies` controller, drafter-width control with the off-step mode its engine recorded
+(``catch_up`` for the fixtures' token-only drafter: a step where every depth is 0 skips the drafter, prompt steps
+too, and a request replays what it missed when it drafts again). Beyond the fit (`autotune.simulate.profile_terms`):
+a skipped drafter's step costs what the profile measured (speculative launch's drafter-off steps minus the
+no-speculation launch's), the drafter's prompt tokens and catch-up replay cost the fit's per-token time times
+r/(1+r), r the drafter/target weight ratio (from the two models' config.json), and each adaptive config adds the
+scheduler plugin's own host time per step measured in its run (``overhead_ms / steps`` of its plugin statistics).
+The table gives, per concurrency, config and workload, measured and simulated tok/s and the error, twice: with the
+cost model as fitted, and with every step time multiplied by one scale fitted on the no-speculation config alone at
+that concurrency (the profile and the measured runs are different engine launches); the other configs are then
+predictions. The issue's goal: every config within 10%.
 """
 
 from __future__ import annotations
@@ -88,6 +89,21 @@ def _plugin_host_time(workdir: Path, configs: Mapping[str, Mapping[str, Any]]) -
     return out
 
 
+def _off_steps(workdir: Path, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Per drafter-width config, the off-step mode its engine's workers agreed on at the handshake (``catch_up``,
+    ``sync_pass`` or ``holes``: ``info["drafter_width"]["off_steps"]`` of adaptive-new-stats.json), when recorded."""
+    out: dict[str, str] = {}
+    for label, meta in configs.items():
+        if meta.get("kind") != "adaptive" or not meta.get("drafter_width", True):
+            continue
+        path = workdir / "adaptive-new-stats.json"
+        if path.is_file():
+            mode = ((json.loads(path.read_text()).get("info") or {}).get("drafter_width") or {}).get("off_steps")
+            if mode:
+                out[label] = str(mode)
+    return out
+
+
 def _model_configs(profile: Mapping[str, Any]) -> dict[str, Any]:
     """The profile's target and drafter config.json (local fixture directories), for the drafter's token cost."""
     from autotune.simulate import model_config
@@ -115,6 +131,7 @@ def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
         "configs": bench["configs"],
         "runs": json.loads((workdir / "rounds.json").read_text()),
         "plugin_host_time": _plugin_host_time(workdir, bench["configs"]),
+        "off_steps": _off_steps(workdir, bench["configs"]),
         "model_configs": _model_configs(profile),
     }
 
@@ -165,7 +182,7 @@ def _measured_tps(results: Sequence[Mapping[str, Any]], key: str) -> list[float]
     return values
 
 
-def _sim_config(meta: Mapping[str, Any], setup: Any, plugin_ms: float = 0.0) -> Any:
+def _sim_config(meta: Mapping[str, Any], setup: Any, plugin_ms: float = 0.0, off_steps: str | None = None) -> Any:
     from autotune.search.schedule import ScheduleEntry
     from autotune.simulate import Adaptive, BatchSizeSchedule, NoSpeculation, StaticDepth
     from policies import RequestPolicy
@@ -176,11 +193,12 @@ def _sim_config(meta: Mapping[str, Any], setup: Any, plugin_ms: float = 0.0) -> 
     if kind == "static":
         return StaticDepth(int(meta["k"]))
     if kind == "schedule":
-        return BatchSizeSchedule(tuple(ScheduleEntry(*e) for e in meta["entries"]))
+        return BatchSizeSchedule(tuple(ScheduleEntry(*e) for e in meta["entries"]),
+                                 zero_depth_drafting=None if setup.parallel_drafting else 1)
     policy = RequestPolicy.from_dict(meta["policy"])
     width = bool(meta.get("drafter_width", True))  # the plugin as shipped drafts the planned width
     return Adaptive(policy, setup.controller_cost[width], dict(setup.acceptance.profiles), drafter_width=width,
-                    plugin_ms_per_step=plugin_ms)
+                    plugin_ms_per_step=plugin_ms, off_steps=off_steps or setup.off_steps)
 
 
 def _scaled(profile: Mapping[str, Any], scale: float) -> dict[str, Any]:
@@ -224,6 +242,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
 
     runs = bundle["runs"]
     plugin_time = bundle.get("plugin_host_time") or {} if terms else {}
+    off_steps: Mapping[str, str] = bundle.get("off_steps") or {}  # else the profile's drafter decides (catch_up)
     base_ok = runs.get(NO_SPEC) or []
     if not base_ok:
         raise SystemExit("the bundle has no no-speculation run; its output lengths are needed.")
@@ -232,6 +251,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
     traces = load_traces(tmp)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    off_notes: list[str] = []  # what the drafter-width configs' off-steps did in the simulation (fit as is)
     rho = statistic = 0.0
     for c in bundle["concurrencies"]:
         c = int(c)
@@ -247,8 +267,13 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
             setup = profile_setup(_scaled(bundle["profile"], scale), phases, autocorrelation=rho, traces=traces,
                                   seed=seed, terms=_terms(bundle, scale) if terms else ProfileTerms())
             plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
-            sim = simulate(phases[workload], _sim_config(bundle["configs"][label], setup, plugin_ms), setup.cost,
-                           setup.acceptance, concurrency=c, max_num_seqs=max(bundle["concurrencies"]), seed=seed)
+            config = _sim_config(bundle["configs"][label], setup, plugin_ms, off_steps.get(label))
+            sim = simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,
+                           max_num_seqs=max(bundle["concurrencies"]), seed=seed)
+            if scale == 1.0 and getattr(config, "drafter_width", False):
+                off_notes.append(f"{label} c={c} {workload}: {sim.idle_drafter_steps} of {sim.steps} steps skipped "
+                                 f"the drafter ({sim.skipped_prompt_steps} with prompt tokens), "
+                                 f"{sim.catch_up_tokens} tokens replayed")
             return float(sim.tokens_per_s)
 
         # One scale on every step time, fitted on no speculation alone (the profile's launches and the measured ones
@@ -284,7 +309,12 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
         "time per step, measured in each adaptive run: "
         + (", ".join(f"{label} {v['ms_per_step']:.3f} ms ({v['overhead_ms']:.0f} ms over {v['steps']} steps, "
                      f"{v['source']})" for label, v in plugin_time.items()) or "none")
+        + "; drafter-width off-steps: "
+        + (", ".join(f"{label} {mode} (as its engine recorded)" for label, mode in off_steps.items())
+           or "as the profile's drafter method implies")
         + ".",
+        "",
+        "Simulated off-steps (fit as is): " + ("; ".join(off_notes) or "none") + ".",
         "",
         "| c | config | workload | measured tok/s | simulated (fit as is) | error | simulated (scaled) | error |",
         "|---:|---|---|---:|---:|---:|---:|---:|",

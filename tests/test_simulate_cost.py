@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.backends.model import Calibration, ModelBackend
-from autotune.simulate import FittedStepCost, RooflineStepCost, StepShape, controller_cost_model, gpu_setup
+from autotune.simulate import Adaptive, FittedStepCost, RooflineStepCost, StepShape, controller_cost_model, gpu_setup
 from autotune.simulate._requests import Phase, SimRequest
 from autotune.spec import SpecConfig
 from policies import StepCostModel
@@ -82,3 +82,9 @@ def test_gpu_setup_uses_the_catalog_drafter_and_published_acceptance() -> None:
     assert setup.acceptance.acceptance_length("chat", 5) == pytest.approx(2.68, abs=0.01)
     assert setup.acceptance.acceptance_length("code", 5) == pytest.approx(3.15, abs=0.01)
     assert "published" in setup.acceptance.describe()
+    # An EAGLE-3 head cannot replay skipped steps: the plugin's workers run a one-slot sync pass, and so does the
+    # simulated drafter-width config (policies.plugin.drafter_width, off_steps="sync_pass").
+    assert setup.off_steps == "sync_pass"
+    (width,) = setup.configs(8, {"chat": 1.0, "code": 1.0}, kinds=["adaptive-width"])
+    assert isinstance(width, Adaptive) and width.off_steps == "sync_pass" and not width.skips_drafter
+    assert width.start().summary()["off_steps"] == "sync_pass"  # stored with each predicted row (its notes)

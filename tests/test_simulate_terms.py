@@ -1,5 +1,6 @@
-"""Step-cost terms beyond a profile's fit: the drafter's catch-up after off-steps, a skipped drafter's step, the
-scheduler plugin's host time per step, and their derivation from a profile (plain numbers, derived by hand)."""
+"""Step-cost terms beyond a profile's fit: the drafter's catch-up after off-steps, a skipped drafter's step (and
+its prompt, left to the replay under ``catch_up``), the plugin's off-step modes, the scheduler plugin's host time per
+step, and their derivation from a profile (plain numbers, derived by hand)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 import pytest
 
 from autotune.errors import UsageError
+from autotune.search.schedule import ScheduleEntry
 from autotune.simulate import (
     AcceptanceModel,
     Adaptive,
+    BatchSizeSchedule,
     FittedStepCost,
     NoSpeculation,
     Phase,
@@ -22,6 +25,7 @@ from autotune.simulate import (
     drafter_token_ms,
     drafter_token_ratio,
     idle_drafter_ms,
+    off_step_mode,
     params_per_token,
     profile_terms,
     simulate,
@@ -104,21 +108,154 @@ class _ScriptedRule:
 
 @dataclass(frozen=True)
 class _Scripted:
-    """An adaptive config (the plugin's rules apply) whose drafter depth per step follows ``depths``."""
+    """An adaptive config with drafter-width control (the plugin's rules apply) whose drafter depth per step follows
+    ``depths`` (every request is planned at that depth)."""
 
     depths: tuple[int, ...]
     plugin_ms_per_step: float = 0.0
+    off_steps: str = "catch_up"
     label: str = "scripted"
     kind: str = "adaptive"
     speculative: bool = True
+    drafter_width: bool = True
 
     def start(self) -> _ScriptedRule:
         return _ScriptedRule(self.depths)
 
 
+# Plain numbers for the off-step tests: a step costs 10 ms + 1 ms per token the target computes (verified or prompt),
+# 4 ms more when the drafter runs; the drafter's share of a token is 0.25 ms (inside the 1 ms, as in a profile's
+# fit), a replayed token costs that 0.25 ms, a skipped drafter's step 0.5 ms more than a plain engine's.
+FIT = StepCostModel({"base": 10.0, "per_verified_token": 1.0, "drafter_fixed": 4.0})
+PROMPT = 20
+
+
+def _termed() -> FittedStepCost:
+    return FittedStepCost(FIT, drafter_token_ms=0.25, idle_drafter_ms=0.5)
+
+
+SKIPPED_PROMPT_MS = 10.0 + PROMPT * 1.0 + 0.5 - PROMPT * 0.25  # 25.5: the target alone, plus the idle step's 0.5
+READ_PROMPT_MS = 10.0 + PROMPT * 1.0 + 4.0  # 34: the drafter reads the prompt in its one-slot pass
+IDLE_DECODE_MS = 10.0 + 1.0 + 0.5  # 11.5
+DRAFT_DECODE_MS = 10.0 + 1.0 + 4.0  # 15: verifies nothing, drafts one
+VERIFY_ONE_MS = 10.0 + 2.0 + 4.0  # 16: verifies one draft (never accepted), drafts one
+
+
+def _run(config: Any, output: int, *, cap: int = 512, prompt: int = PROMPT) -> tuple[Any, list[StepShape]]:
+    rec = _Recorder(_termed())
+    run = simulate(one(output, prompt=prompt), config, rec, AcceptanceModel({"a": NEVER}, 4), concurrency=1,
+                   max_catch_up_tokens=cap)
+    assert run.output_tokens == output  # conservation
+    return run, rec.shapes
+
+
+def test_a_request_that_never_drafts_pays_no_drafter_work_for_its_prompt() -> None:
+    # catch_up: the prompt step skips the drafter (every planned depth is 0), so do the 4 decode steps; nothing is
+    # ever replayed. Under `holes` the drafter reads the prompt (34 ms instead of 25.5).
+    run, shapes = _run(_Scripted((0,)), 5)
+    assert shapes[0].prefill_tokens == PROMPT and shapes[0].drafter_idle and shapes[0].drafter_skips_prompt
+    assert run.drafter_steps == 0 and run.catch_up_tokens == 0 and run.idle_drafter_steps == 5
+    assert run.skipped_prompt_steps == 1
+    assert run.duration_ms == pytest.approx(SKIPPED_PROMPT_MS + 4 * IDLE_DECODE_MS)  # 71.5
+    holes, shapes = _run(_Scripted((0,), off_steps="holes"), 5)
+    assert shapes[0].drafting_depth == 1 and not shapes[0].drafter_idle
+    assert holes.duration_ms == pytest.approx(READ_PROMPT_MS + 4 * IDLE_DECODE_MS)  # 80
+    assert holes.catch_up_tokens == 0
+
+
+@pytest.mark.parametrize("off", [0, 2, 5])
+def test_a_request_that_drafts_later_replays_its_prompt_and_output_so_far(off: int) -> None:
+    # Prompt step skipped, `off` decode steps skipped (one token each: nothing accepted at depth 0), then the drafter
+    # runs: it replays the prompt and the `off` tokens (the worker's replay of positions 0 .. P + off - 1).
+    run, shapes = _run(_Scripted((0,) * (off + 1) + (1,)), 10)
+    resume = shapes[off + 1]
+    assert resume.drafting_depth == 1 and resume.catch_up_tokens == PROMPT + off
+    assert run.catch_up_tokens == PROMPT + off  # once: every later step drafts
+    # 10 tokens: the first from the prompt step, then off idle steps, the resume step and 8 - off steps verifying 1.
+    expected = SKIPPED_PROMPT_MS + off * IDLE_DECODE_MS + DRAFT_DECODE_MS + 0.25 * (PROMPT + off) \
+        + (8 - off) * VERIFY_ONE_MS
+    assert run.duration_ms == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("cap", "skipped"), [(PROMPT, True), (PROMPT - 1, False)])
+def test_a_prompt_longer_than_the_catch_up_cap_runs_the_drafter(cap: int, skipped: bool) -> None:
+    # The worker skips a prompt step only when every replay stays within max_catch_up_tokens; otherwise the drafter
+    # reads the prompt now (at one slot) and the first drafting step has nothing to replay.
+    _, shapes = _run(_Scripted((0, 1)), 8, cap=cap)
+    assert shapes[0].drafter_idle is skipped and shapes[0].drafting_depth == (0 if skipped else 1)
+    assert shapes[1].drafting_depth == 1 and shapes[1].catch_up_tokens == (PROMPT if skipped else 0)
+
+
+def test_a_decoding_request_past_the_cap_makes_a_prompt_step_run_the_drafter_and_is_abandoned() -> None:
+    # Concurrency 2, every depth 0, cap 5. A (output 12) decodes beside B, then C, then D (output 2 each, prompts of
+    # 3): each skipped step adds one token to A's count, which starts at its 3 prompt tokens. A prompt step is
+    # skipped while A's count + 1 (the token it computes) stays <= 5; C's prompt comes at A's count 4 (skipped, A ->
+    # 5), D's at A's count 6: the drafter runs, A's 6 missed tokens exceed the cap and are dropped, not replayed.
+    reqs = (SimRequest(0, "a", 3, 12), SimRequest(1, "a", 3, 2), SimRequest(2, "a", 3, 2), SimRequest(3, "a", 3, 2))
+    rec = _Recorder(_termed())
+    run = simulate([Phase("p", reqs)], _Scripted((0,)), rec, AcceptanceModel({"a": NEVER}, 4), concurrency=2,
+                   max_catch_up_tokens=5)
+    prompts = [s for s in rec.shapes if s.prefill_tokens]
+    assert [s.drafter_idle for s in prompts] == [True, True, False]
+    assert prompts[2].drafting_depth == 1 and prompts[2].catch_up_tokens == 0
+    assert run.catch_up_tokens == 0 and run.drafter_steps == 1
+    assert run.output_tokens == 18
+
+
+def test_a_sync_pass_runs_the_drafter_over_one_slot_in_every_off_step() -> None:
+    # EAGLE heads (and async scheduling): off-steps keep the drafter's KV with a one-slot pass; nothing is skipped
+    # or replayed, the prompt step included.
+    run, shapes = _run(_Scripted((0, 0, 0, 1), off_steps="sync_pass"), 8)
+    assert all(s.drafting_depth == 1 and not s.drafter_idle for s in shapes)
+    assert run.catch_up_tokens == 0 and run.idle_drafter_steps == 0
+    assert run.duration_ms == pytest.approx(READ_PROMPT_MS + 3 * DRAFT_DECODE_MS + 4 * VERIFY_ONE_MS)
+
+
+def test_holes_skip_decode_only_off_steps_without_replay() -> None:
+    run, shapes = _run(_Scripted((0, 0, 0, 1), off_steps="holes"), 8)
+    assert shapes[0].drafting_depth == 1  # prompt steps run the drafter
+    assert [s.drafter_idle for s in shapes[1:3]] == [True, True]
+    assert run.catch_up_tokens == 0
+
+
+def test_a_schedule_at_k0_runs_the_drafter_and_trimming_drafts_every_step() -> None:
+    # vLLM calls the drafter in every step: a schedule's K = 0 step runs its K-slot pass (the schedule's top K, 2 here;
+    # 1 for a sequential drafter), prompt steps included, nothing skipped or replayed; trimming drafts in every step.
+    rec = _Recorder(_termed())
+    schedule = BatchSizeSchedule((ScheduleEntry(2, 8, 2),))  # K = 0 at one request
+    run = simulate(one(5, prompt=PROMPT), schedule, rec, AcceptanceModel({"a": NEVER}, 4), concurrency=1)
+    assert [s.drafting_depth for s in rec.shapes] == [2] * 5 and run.idle_drafter_steps == 0
+    assert run.duration_ms == pytest.approx(READ_PROMPT_MS + 4 * DRAFT_DECODE_MS)
+    rec = _Recorder(_termed())
+    sequential = BatchSizeSchedule((ScheduleEntry(2, 8, 2),), zero_depth_drafting=1)
+    simulate(one(5, prompt=PROMPT), sequential, rec, AcceptanceModel({"a": NEVER}, 4), concurrency=1)
+    assert [s.drafting_depth for s in rec.shapes] == [1] * 5
+    with pytest.raises(UsageError):
+        BatchSizeSchedule((ScheduleEntry(1, 8, 2),), zero_depth_drafting=0)
+    policy = RequestPolicy(static_k=2, max_k=4, default_class="a")
+    trim = simulate(one(5, prompt=PROMPT), Adaptive(policy, FIT, {"a": NEVER}), _termed(),
+                    AcceptanceModel({"a": NEVER}, 4), concurrency=1)
+    assert trim.drafter_steps == trim.steps and trim.catch_up_tokens == 0
+
+
+def test_off_step_modes_follow_the_plugins_workers() -> None:
+    assert off_step_mode("draft_model") == "catch_up"  # token-only: replays
+    assert off_step_mode("eagle3") == "sync_pass" and off_step_mode("eagle") == "sync_pass"  # needs hidden states
+    assert off_step_mode("draft_model", async_scheduling=True) == "sync_pass"
+    assert off_step_mode("eagle3", "holes") == "holes"
+    with pytest.raises(UsageError):
+        off_step_mode("draft_model", "skip")
+    policy = RequestPolicy(static_k=2, max_k=4, default_class="a")
+    assert Adaptive(policy, FIT, drafter_width=True).skips_drafter
+    assert not Adaptive(policy, FIT, drafter_width=True, off_steps="sync_pass").skips_drafter
+    assert not Adaptive(policy, FIT).skips_drafter  # trimming
+    with pytest.raises(UsageError):
+        Adaptive(policy, FIT, drafter_width=True, off_steps="later")
+
+
 def _resume_after(off: int, *, drafter_token: float = 0.0, cap: int = 512) -> tuple[float, list[StepShape]]:
-    # Step 1 prefills (the drafter reads the prompt although depth 0 is planned), `off` steps skip the drafter (one
-    # token each at depth 0), then the drafter runs at depth 1 for the rest of the request.
+    # Step 1 prefills (skipped: every planned depth is 0; the 3 prompt tokens are replayed later), `off` steps skip
+    # the drafter (one token each at depth 0), then the drafter runs at depth 1 for the rest of the request.
     rec = _Recorder(FittedStepCost(BASE, drafter_token_ms=drafter_token))
     acc = AcceptanceModel({"a": NEVER}, 4)
     run = simulate(one(off + 6), _Scripted((0,) * (off + 1) + (1,)), rec, acc, concurrency=1,
@@ -128,24 +265,25 @@ def _resume_after(off: int, *, drafter_token: float = 0.0, cap: int = 512) -> tu
 
 
 @pytest.mark.parametrize("off", [1, 4, 9])
-def test_a_resume_after_n_off_steps_replays_n_tokens(off: int) -> None:
+def test_a_resume_after_n_off_steps_replays_n_tokens_and_the_prompt(off: int) -> None:
     _, shapes = _resume_after(off)
-    assert shapes[0].prefill_tokens == 3 and shapes[0].drafting_depth == 1  # the drafter reads the prompt
+    assert shapes[0].prefill_tokens == 3 and shapes[0].drafter_idle  # the prompt step skips the drafter
     assert [s.drafter_idle for s in shapes[1:off + 1]] == [True] * off
     resume = shapes[off + 1]
-    assert resume.drafting_depth == 1 and resume.catch_up_tokens == off
-    assert sum(s.catch_up_tokens for s in shapes) == off  # once: the following steps draft, nothing is missed
+    assert resume.drafting_depth == 1 and resume.catch_up_tokens == 3 + off
+    assert sum(s.catch_up_tokens for s in shapes) == 3 + off  # once: the following steps draft, nothing is missed
 
 
-def test_a_resume_costs_n_tokens_of_drafter_work_more_than_one_without() -> None:
+def test_a_resume_costs_its_replay_of_drafter_work_more_than_one_without() -> None:
+    # BASE has no per-token cost, so the skipped prompt saves nothing here: the difference is the replay alone.
     for off in (1, 4, 9):
         without, _ = _resume_after(off)
         priced, _ = _resume_after(off, drafter_token=0.5)
-        assert priced - without == pytest.approx(off * 0.5)
+        assert priced - without == pytest.approx((3 + off) * 0.5)
 
 
 def test_a_request_that_missed_more_than_the_cap_is_not_caught_up() -> None:
-    _, shapes = _resume_after(5, cap=4)
+    _, shapes = _resume_after(5, cap=4)  # 3 prompt tokens (within the cap: skipped) + 5 off-step tokens > 4
     assert sum(s.catch_up_tokens for s in shapes) == 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 
-from autotune.simulate import FittedStepCost, profile_setup, simulate
+from autotune.simulate import FittedStepCost, Phase, SimRequest, profile_setup, simulate
 from autotune.workloads import load_workload
 from policies import StepCostModel
 
@@ -97,9 +97,18 @@ def test_bundle_takes_each_adaptive_runs_plugin_time_per_step(tmp_path: Path) ->
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     (tmp_path / "profile.json").write_text(json.dumps(PROFILE))
     (tmp_path / "rounds.json").write_text("{}")
-    (tmp_path / "adaptive-new-stats.json").write_text(json.dumps({"steps": 400, "overhead_ms": 126.0}))
+    (tmp_path / "adaptive-new-stats.json").write_text(json.dumps(
+        {"steps": 400, "overhead_ms": 126.0, "info": {"drafter_width": {"off_steps": "catch_up"}}}))
     bundle = validate.bundle_from_runtime(tmp_path)
     # 126 ms over 400 steps; the trimming run wrote no statistics, so it gets none (priced 0).
     assert bundle["plugin_host_time"] == {"adaptive (new)": {"overhead_ms": 126.0, "steps": 400, "ms_per_step": 0.315,
                                                              "source": "adaptive-new-stats.json"}}
     assert bundle["model_configs"] == {"target": None, "drafter": None}  # PROFILE names no local directories
+    assert bundle["off_steps"] == {"adaptive (new)": "catch_up"}  # what the workers agreed on, drafter width only
+
+
+def test_profile_setup_takes_the_off_step_mode_of_the_profiles_drafter() -> None:
+    phases = {"w": [Phase("p", (SimRequest(0, "predictable", 10, 20),))]}
+    assert profile_setup({**PROFILE, "method": "draft_model"}, phases).off_steps == "catch_up"  # token-only
+    assert profile_setup({**PROFILE, "method": "eagle3"}, phases).off_steps == "sync_pass"
+    assert profile_setup(PROFILE, phases, off_steps="holes").off_steps == "holes"  # as an engine recorded it

@@ -32,12 +32,14 @@ from autotune.simulate._acceptance import (
 )
 from autotune.simulate._compare import ORACLE_LABEL, oracle_result, run_configs
 from autotune.simulate._configs import (
+    OFF_STEP_MODES,
     Adaptive,
     BatchSizeSchedule,
     DepthRule,
     NoSpeculation,
     ServingConfig,
     StaticDepth,
+    off_step_mode,
 )
 from autotune.simulate._cost import (
     FittedStepCost,
@@ -75,6 +77,7 @@ from autotune.simulate._terms import ProfileTerms, drafter_token_ms, idle_drafte
 __all__ = [
     "CONFIG_KINDS",
     "MAX_CATCH_UP_TOKENS",
+    "OFF_STEP_MODES",
     "ORACLE_LABEL",
     "SHAPES",
     "SIMULATE_BACKEND",
@@ -114,6 +117,7 @@ __all__ = [
     "load_traces",
     "mean_context",
     "model_config",
+    "off_step_mode",
     "oracle_result",
     "params_per_token",
     "phases_from_workload",

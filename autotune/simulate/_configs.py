@@ -9,7 +9,10 @@ the drafter's depth.
   code the scheduler plugin runs), fed the running batch as a `policies.TrackedBatch` and each step's outcome with
   ``observe_step``, exactly as the plugin does. ``drafter_width=False`` is the shipped plugin with parallel drafting
   (depth applied by trimming: the drafter drafts K_max every step); ``drafter_width=True`` lets the drafter draft
-  only the deepest planned depth and skip steps where every depth is 0 (issue 10's drafter-width control).
+  only the deepest planned depth (issue 10's drafter-width control), and ``off_steps`` says what a step where every
+  planned depth is 0 does with the drafter, as the plugin's workers do (`policies.plugin.drafter_width`, see
+  `off_step_mode`): ``catch_up`` skips it (prompt steps too) and replays what it missed when a request drafts again,
+  ``sync_pass`` runs it over one slot, ``holes`` skips it in decode-only steps without replay.
 
 A config is stateless; `start` returns a fresh `DepthRule` for one simulation run.
 """
@@ -32,13 +35,34 @@ from policies import (
 )
 
 __all__ = [
+    "OFF_STEP_MODES",
     "Adaptive",
     "BatchSizeSchedule",
     "DepthRule",
     "NoSpeculation",
     "ServingConfig",
     "StaticDepth",
+    "off_step_mode",
 ]
+
+OFF_STEP_MODES: tuple[str, ...] = ("catch_up", "sync_pass", "holes")
+"""What an off-step (every planned depth 0) does with the drafter under drafter-width control; the values of
+``DrafterWidthSettings.off_steps`` (`policies.plugin.drafter_width`)."""
+
+
+def off_step_mode(method: str | None, requested: str = "catch_up", *, async_scheduling: bool = False) -> str:
+    """The off-step mode the plugin's workers run for a drafter of vLLM speculative ``method``, as
+    ``policies.plugin.drafter_width`` decides it at the handshake: ``catch_up`` needs a token-only drafter
+    (``draft_model``, e.g. PARD) and synchronous scheduling; an EAGLE head (``eagle``, ``eagle3``, P-EAGLE) drafts
+    from the target's hidden states, which a replay no longer has, and under async scheduling the worker's token copy
+    lags, so both run a one-slot ``sync_pass`` instead. ``holes`` and ``sync_pass`` are kept as requested."""
+    if requested not in OFF_STEP_MODES:
+        raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {requested!r}.")
+    if requested in ("catch_up", "holes") and async_scheduling:
+        return "sync_pass"
+    if requested == "catch_up" and method != "draft_model":
+        return "sync_pass"
+    return requested
 
 StepResult = tuple[str, str, int, int]
 """(request id, class, verified drafts, accepted drafts) of one decoding request in a step."""
@@ -84,10 +108,11 @@ class ServingConfig(Protocol):
 
 
 class _FixedRule:
-    """Depth from the batch size only (no state)."""
+    """Depth from the batch size only (no state). ``zero_drafting``: the drafter's depth in a step at K = 0."""
 
-    def __init__(self, depth_for: Any) -> None:
+    def __init__(self, depth_for: Any, zero_drafting: int = 0) -> None:
         self._depth_for = depth_for
+        self._zero_drafting = zero_drafting
 
     def join(self, request_id: str, cls: str) -> None:
         pass
@@ -97,7 +122,7 @@ class _FixedRule:
 
     def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
         k = self._depth_for(scheduled)
-        return [k] * len(request_ids), k
+        return [k] * len(request_ids), k if k > 0 else self._zero_drafting
 
     def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
         pass
@@ -141,15 +166,26 @@ class StaticDepth:
 
 @dataclass(frozen=True)
 class BatchSizeSchedule:
-    """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive batch-size ranges -> K."""
+    """vLLM's ``num_speculative_tokens_per_batch_size``: inclusive batch-size ranges -> K.
+
+    A step at K = 0 verifies no draft, but vLLM 0.32 still calls the drafter in every step of a speculative engine
+    (``GPUModelRunner.propose_draft_token_ids`` has no K = 0 exit), and a parallel drafter's slot layout is fixed at
+    the configured K, so it runs a full K-slot pass (`policies.plugin.drafter_width`; measured: the CPU fixtures'
+    schedule [[1, 7, 4], [8, 8, 0]] served c = 8 at 778-786 tok/s, below static K = 4 and no speculation).
+    ``zero_depth_drafting``: the drafter's depth in such a step; None: the schedule's largest K, the configured K of
+    a parallel drafter (a sequential drafter runs its first pass: 1).
+    """
 
     entries: tuple[ScheduleEntry, ...]
+    zero_depth_drafting: int | None = None
     kind: str = "schedule"
     speculative: bool = True
 
     def __post_init__(self) -> None:
         if not self.entries:
             raise UsageError("a batch-size schedule needs at least one [batch_min, batch_max, K] entry.")
+        if self.zero_depth_drafting is not None and self.zero_depth_drafting < 1:
+            raise UsageError(f"zero_depth_drafting is a drafter depth >= 1, but got {self.zero_depth_drafting}.")
 
     @property
     def label(self) -> str:
@@ -162,7 +198,8 @@ class BatchSizeSchedule:
         return 0
 
     def start(self) -> DepthRule:
-        return _FixedRule(self.depth_at)
+        zero = self.zero_depth_drafting or max(1, max(e.k for e in self.entries))
+        return _FixedRule(self.depth_at, zero)
 
 
 @dataclass(frozen=True)
@@ -170,7 +207,10 @@ class Adaptive:
     """The depth controller of `policies`, driven through its public API (see the module docstring).
 
     ``policy``: classes, caps, static fallback and `ControllerSettings` (``policy.controller``); its
-    ``drafter_always_runs`` is set from ``drafter_width``. ``cost_model``: the controller's step-cost model (a copy is
+    ``drafter_always_runs`` is False when the drafter skips off-steps (``drafter_width`` with ``off_steps``
+    ``catch_up`` or ``holes``) and True otherwise, as the plugin sets it. ``off_steps``: see the module docstring
+    (ignored without ``drafter_width``; `off_step_mode` gives the one the plugin runs for a drafter).
+    ``cost_model``: the controller's step-cost model (a copy is
     refined online in each run). ``priors``: class profiles seeding the estimator (a stored profile in production).
     ``plugin_ms_per_step``: the scheduler plugin's own host time per engine step, ms, added to every step of the
     simulation (only this config installs the plugin); the caller says where it comes from (measured in an engine
@@ -183,6 +223,7 @@ class Adaptive:
     drafter_width: bool = False
     name: str | None = None
     plugin_ms_per_step: float = 0.0
+    off_steps: str = "catch_up"
     kind: str = "adaptive"
     speculative: bool = True
 
@@ -190,6 +231,13 @@ class Adaptive:
         ms = self.plugin_ms_per_step
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < float("inf"):
             raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {ms!r}.")
+        if self.off_steps not in OFF_STEP_MODES:
+            raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {self.off_steps!r}.")
+
+    @property
+    def skips_drafter(self) -> bool:
+        """Whether a step where every planned depth is 0 skips the drafter (the plugin's ``skip_drafter``)."""
+        return self.drafter_width and self.off_steps != "sync_pass"
 
     @property
     def label(self) -> str:
@@ -198,7 +246,7 @@ class Adaptive:
         return "adaptive (drafter width)" if self.drafter_width else "adaptive (trim)"
 
     def start(self) -> DepthRule:
-        settings = replace(self.policy.controller, drafter_always_runs=not self.drafter_width)
+        settings = replace(self.policy.controller, drafter_always_runs=not self.skips_drafter)
         policy = replace(self.policy, controller=settings)
         cost = StepCostModel.from_dict(self.cost_model.to_dict())
         if self.priors:
@@ -207,14 +255,16 @@ class Adaptive:
             )
         else:
             estimator = AcceptanceEstimator(max(policy.max_k, 1), decay=settings.decay)
-        return _AdaptiveRule(policy, policy.make_controller(cost, estimator), self.drafter_width)
+        off = self.off_steps if self.drafter_width else None
+        return _AdaptiveRule(policy, policy.make_controller(cost, estimator), self.drafter_width, off)
 
 
 class _AdaptiveRule:
-    def __init__(self, policy: RequestPolicy, controller: Any, drafter_width: bool) -> None:
+    def __init__(self, policy: RequestPolicy, controller: Any, drafter_width: bool, off_steps: str | None) -> None:
         self.policy = policy
         self.controller = controller
         self.drafter_width = drafter_width
+        self.off_steps = off_steps
         self.batch = TrackedBatch()
         self.views: dict[str, RequestView] = {}
         self.fallbacks = 0
@@ -255,6 +305,8 @@ class _AdaptiveRule:
             "final_plan": dict(self.controller.plan),
             "controller_steps": self.steps,
         }
+        if self.off_steps is not None:
+            out["off_steps"] = self.off_steps  # what a step where every depth is 0 did with the drafter
         if self.fallbacks:
             out["controller_fallbacks"] = self.fallbacks
             out["fallback_reason"] = self.fallback_reason

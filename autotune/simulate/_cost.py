@@ -61,7 +61,9 @@ class StepShape:
     ``catch_up_tokens``: tokens the drafter replays in this step because earlier steps skipped it (drafter-width
     control with ``off_steps="catch_up"``, `policies.plugin.drafter_width`); only with ``drafting_depth > 0``.
     ``drafter_idle``: the engine has a drafter but skips it in this step (``drafting_depth == 0`` of a speculative
-    engine); False for an engine without speculation.
+    engine); False for an engine without speculation. ``drafter_skips_prompt``: the skipped drafter leaves this
+    step's prompt tokens to a later replay (drafter-width control, ``catch_up``): the target alone computes them now;
+    only with ``drafter_idle``.
     """
 
     batch_size: int
@@ -72,6 +74,7 @@ class StepShape:
     prefill_requests: int = 0
     catch_up_tokens: int = 0
     drafter_idle: bool = False
+    drafter_skips_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0 \
@@ -81,6 +84,8 @@ class StepShape:
             raise ValueError(f"a step whose drafter drafts (depth {self.drafting_depth}) is not idle: {self}.")
         if self.catch_up_tokens and self.drafting_depth == 0:
             raise ValueError(f"the drafter replays tokens only in a step where it runs, but got {self}.")
+        if self.drafter_skips_prompt and not self.drafter_idle:
+            raise ValueError(f"only a step that skips its drafter leaves the prompt to a replay, but got {self}.")
         if self.batch_size + self.prefill_requests < 1:
             raise ValueError("a step has at least one request (decoding or prefilling).")
         if self.verified_tokens < self.batch_size:
@@ -114,6 +119,9 @@ class FittedStepCost:
     - ``idle_drafter_ms``: what a speculative engine's step costs over a plain engine's when the drafter is skipped
       (``StepShape.drafter_idle``; the fit prices such a step like a no-speculation step). Measured in a profile as
       the speculative launch's drafter-off steps minus the no-speculation launch's at the same batch size.
+      The prompt tokens of a skipped step whose drafter replays them later (``StepShape.drafter_skips_prompt``)
+      cost the fit's per-token time less ``drafter_token_ms`` each (at most all of it): the drafter's share moves
+      to the replay (or is never paid).
     - ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step from
       ``schedule()`` to ``update_from_output()``; output processing between steps is not in it).
     """
@@ -128,6 +136,7 @@ class FittedStepCost:
         self.step_overhead_ms = float(step_overhead_ms)
         self.drafter_token_ms = float(drafter_token_ms)
         self.idle_drafter_ms = float(idle_drafter_ms)
+        self._per_token = float(model.coefficients.get("per_verified_token", 0.0))  # the fit's target + drafter
         self._label = label
 
     @property
@@ -154,6 +163,8 @@ class FittedStepCost:
             ms += self.drafter_token_ms * shape.catch_up_tokens
         elif shape.drafter_idle:
             ms += self.idle_drafter_ms
+            if shape.drafter_skips_prompt:
+                ms -= min(self.drafter_token_ms, self._per_token) * shape.prefill_tokens
         return ms
 
 

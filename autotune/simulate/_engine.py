@@ -9,16 +9,24 @@ Each step:
    tokens of admitted requests in admission order (chunked prefill, as in vLLM V1);
 4. the config's `DepthRule` decides, for the requests that will decode next (this step's decoding requests and those
    whose prompt completes now), their depth in the next step, and the drafter's depth D of this step (0: no drafter
-   pass) -- the scheduler plugin's order: decide at ``schedule()`` of step n, draft during step n, verify at n+1;
-   under the scheduler plugin (`Adaptive`) the drafter also runs in every step with prompt tokens (it reads them;
-   the plugin skips the drafter only in steps without any), at depth 1 at least;
+   pass) -- the scheduler plugin's order: decide at ``schedule()`` of step n, draft during step n, verify at n+1.
+   Under the scheduler plugin with drafter-width control (`Adaptive`, its ``off_steps`` as the plugin's workers run
+   them, `policies.plugin.drafter_width`) a step with D = 0 (an off-step) does what the workers do:
+   ``sync_pass`` (EAGLE heads, async scheduling): the drafter runs over one slot (D = 1, nothing replayed later);
+   ``catch_up`` (token-only drafters): the drafter is skipped, in steps with prompt tokens too unless some request
+   of the step would then have more than ``max_catch_up_tokens`` to replay (tokens missed so far plus the tokens it
+   computes in this step; the worker's ``_prompts_replayable``), in which case it runs at D = 1;
+   ``holes``: skipped in decode-only steps, run at D = 1 in steps with prompt tokens;
 5. the step takes ``cost.step_ms(StepShape(...))`` plus the config's ``plugin_ms_per_step`` (the scheduler plugin's
    own host time, `Adaptive`; the controller observes the step time without it). A speculative engine's step
-   without a drafter pass is ``StepShape.drafter_idle``.
-   Under the plugin (drafter-width control with ``off_steps="catch_up"``, `policies.plugin.drafter_width`) the
-   first step that drafts again replays, per decoding request, the tokens the skipped steps produced
-   (``StepShape.catch_up_tokens``; a request with more than ``max_catch_up_tokens`` missed is abandoned, as the
-   plugin does); a vLLM schedule at K = 0 is assumed to skip the drafter without replay.
+   without a drafter pass is ``StepShape.drafter_idle``; a skipped step's prompt tokens are
+   ``StepShape.drafter_skips_prompt`` (computed by the target alone).
+   Under ``catch_up`` every request of the step (decoding or prefilling) keeps count of the tokens the drafter
+   skipped for it -- a skipped prompt chunk's tokens, a skipped decode step's new tokens -- and the next step whose
+   drafter runs replays them (``StepShape.catch_up_tokens``): a request that first drafts after a skipped prompt
+   replays its prompt and its output so far, one that never drafts again never pays for them; a request with more
+   than ``max_catch_up_tokens`` missed is abandoned (not replayed), as the plugin does. A vLLM schedule at K = 0
+   runs the drafter anyway (its rule says at what depth, `BatchSizeSchedule`), as vLLM does.
    Every decoding request gains ``A_r + 1`` tokens (A_r accepted drafts from its `AcceptanceStream`, plus the bonus
    token), capped at its output length; a request whose prompt is complete gains its first token (TTFT);
 6. finished requests leave; in closed loop their client sends the next request of the phase at once.
@@ -99,6 +107,9 @@ class SimRun:
     """Tokens the drafter replayed after off-steps (summed over steps and requests)."""
     idle_drafter_steps: int = 0
     """Steps of a speculative engine in which the drafter was skipped."""
+    skipped_prompt_steps: int = 0
+    """Of those, steps with prompt tokens left to a later replay (drafter width, ``catch_up``; the plugin's worker
+    counter ``skipped_prompt_steps``)."""
     plugin_ms: float = 0.0
     """Host time of the scheduler plugin added over the run (``plugin_ms_per_step`` x steps)."""
 
@@ -170,6 +181,10 @@ def simulate(
     max_k = acceptance.max_k
     speculative = config.speculative
     plugin = speculative and config.kind == "adaptive"  # the plugin's drafter-width rules (step 4 and 5)
+    off_steps = str(getattr(config, "off_steps", "catch_up"))
+    # Drafter width under catch_up: the tokens each request missed in the drafter are replayed later (trimming runs
+    # the drafter at K_max in every step, so it never misses any).
+    track = plugin and bool(getattr(config, "drafter_width", True)) and off_steps == "catch_up"
     plugin_ms = float(getattr(config, "plugin_ms_per_step", 0.0) or 0.0)
     if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
         raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
@@ -196,7 +211,7 @@ def simulate(
     depth_hist: dict[int, int] = {}
     t = 0.0
     steps = decode_request_steps = drafter_steps = batch_sum = 0
-    catch_up_total = idle_steps = 0
+    catch_up_total = idle_steps = skipped_prompts = 0
 
     def arrive(req: SimRequest, phase: int, at: float) -> None:
         waiting.append(_Live(req, phase, acceptance.stream(req), at))
@@ -266,18 +281,23 @@ def simulate(
         prefill_tokens = sum(c for _, c in chunks)
         if not speculative:
             drafting = 0
-        elif plugin and prefill_tokens and drafting == 0:
-            drafting = 1  # the drafter reads the prompt tokens; the plugin skips it only in steps without any
+        elif plugin and drafting == 0:
+            if off_steps == "sync_pass":
+                drafting = 1  # a one-slot pass keeps the drafter's KV cache (nothing to replay later)
+            elif prefill_tokens and not (track and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
+                drafting = 1  # the drafter reads the prompt tokens now (at one slot)
         catch_up = 0
-        if plugin and drafting > 0:
-            for x in decoding:
+        if track and drafting > 0:
+            for x in decoding + [x for x, _ in chunks]:  # the requests in the drafter's pass
                 if x.missed:
                     if x.missed <= max_catch_up_tokens:
                         catch_up += x.missed
                     x.missed = 0
         idle = speculative and drafting == 0
+        skips_prompt = track and idle and prefill_tokens > 0
         context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
-        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle)
+        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle,
+                          skips_prompt)
         step_ms = cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's time
         t += step_ms + plugin_ms
         steps += 1
@@ -287,6 +307,7 @@ def simulate(
             drafter_steps += 1
         elif idle:
             idle_steps += 1
+            skipped_prompts += skips_prompt
         for x, k in zip(planned_for, planned, strict=True):
             x.next_depth = k
             x.drafts_ready = drafting
@@ -301,7 +322,7 @@ def simulate(
             if gain > left:
                 gain = left
             x.generated += gain
-            if idle and plugin:
+            if idle and track:
                 x.missed += gain
             x.steps += 1
             x.drafted += k
@@ -313,6 +334,8 @@ def simulate(
         decode_request_steps += len(decoding)
         for x, chunk in chunks:
             x.prompt_left -= chunk
+            if skips_prompt:
+                x.missed += chunk
             if x.prompt_left == 0:
                 x.generated = 1
                 x.first_token = t
@@ -350,5 +373,17 @@ def simulate(
         rule_summary=rule.summary(),
         catch_up_tokens=catch_up_total,
         idle_drafter_steps=idle_steps,
+        skipped_prompt_steps=skipped_prompts,
         plugin_ms=plugin_ms * steps,
     )
+
+
+def _replayable(decoding: Sequence[_Live], depths: Sequence[int], chunks: Sequence[tuple[_Live, int]],
+                cap: int) -> bool:
+    """Whether the drafter may skip a step with prompt tokens under ``catch_up``: every request's replay, were the
+    step skipped -- the tokens it missed so far plus those it computes now (K_r + 1 verified, or its prompt chunk) --
+    stays within ``cap`` (the plugin's worker counts the same span, `DrafterSync.gap`; for a request that drafted
+    before the skipped steps its span is one token shorter, the drafting pass having written its bonus token)."""
+    if any(x.missed + k + 1 > cap for x, k in zip(decoding, depths, strict=True)):
+        return False
+    return all(x.missed + chunk <= cap for x, chunk in chunks)

@@ -15,6 +15,9 @@ Two starting points:
 and the adaptive controller with trimming and with drafter-width control. The controller starts as it would in
 production: priors from the class profiles, a linear step-cost model fitted to a profile of the device
 (`controller_cost_model` for a GPU; the stored fit for a profile), the best static K for the mix as fallback.
+Drafter-width control treats off-steps as the plugin's workers would for the drafter (`off_step_mode`: a token-only
+``draft_model`` drafter skips and catches up; an EAGLE head, such as the GPU catalog's P-EAGLE drafters, runs a
+one-slot sync pass); the simulator assumes synchronous scheduling.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from autotune.errors import UsageError
 from autotune.search.schedule import best_depth_per_batch, default_batch_sizes, merge_schedule
 from autotune.simulate._acceptance import AcceptanceModel, RequestTrace
 from autotune.simulate._configs import (
+    OFF_STEP_MODES,
     Adaptive,
     BatchSizeSchedule,
     NoSpeculation,
     ServingConfig,
     StaticDepth,
+    off_step_mode,
 )
 from autotune.simulate._cost import (
     FittedStepCost,
@@ -80,6 +85,11 @@ class Setup:
     policy: RequestPolicy | None = None
     """A user policy (classes, caps, controller settings); None: defaults with the predicted static fallback."""
     warnings: list[str] = field(default_factory=list)
+    off_steps: str = "catch_up"
+    """What drafter-width control does in a step where every depth is 0 (`off_step_mode` of the drafter)."""
+    parallel_drafting: bool = True
+    """The drafter drafts all positions in one pass (P-EAGLE, PARD): a vLLM schedule's K = 0 step still runs its
+    K-slot pass (`BatchSizeSchedule`); a sequential drafter runs one pass then."""
 
     def uniform_step_ms(self, batch_size: int, k: int) -> float:
         """Predicted step time of B requests all verifying k drafts with the drafter at k (vLLM static K)."""
@@ -101,7 +111,8 @@ class Setup:
         """vLLM's batch-size schedule: best K in 0..K_max at powers of two up to max_num_seqs, merged."""
         goodput = self._goodput(token_weights)
         best = best_depth_per_batch(goodput, default_batch_sizes(max_num_seqs), list(range(self.max_k + 1)))
-        return BatchSizeSchedule(tuple(merge_schedule(best, max_num_seqs)))
+        return BatchSizeSchedule(tuple(merge_schedule(best, max_num_seqs)),
+                                 zero_depth_drafting=None if self.parallel_drafting else 1)
 
     def _goodput(self, token_weights: Mapping[str, float]) -> Any:
         def goodput(b: int, k: int) -> float:
@@ -135,7 +146,8 @@ class Setup:
             if "adaptive" in kinds:
                 out.append(Adaptive(policy, self.controller_cost[False], priors, drafter_width=False))
             if "adaptive-width" in kinds:
-                out.append(Adaptive(policy, self.controller_cost[True], priors, drafter_width=True))
+                out.append(Adaptive(policy, self.controller_cost[True], priors, drafter_width=True,
+                                    off_steps=self.off_steps))
         return out
 
     def controller_policy(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> RequestPolicy:
@@ -268,7 +280,8 @@ def gpu_setup(
         False: controller_cost_model(cost, k, sizes, context, drafter_always_runs=True),
         True: controller_cost_model(cost, k, sizes, context, drafter_always_runs=False),
     }
-    return Setup(spec.name, d.name, backend.device, cost, model_acc, k, controller, context, policy, warnings)
+    return Setup(spec.name, d.name, backend.device, cost, model_acc, k, controller, context, policy, warnings,
+                 off_step_mode(d.method), d.parallel_drafting)
 
 
 def profile_setup(
@@ -282,10 +295,13 @@ def profile_setup(
     seed: int = 0,
     device: str | None = None,
     terms: ProfileTerms | None = None,
+    off_steps: str | None = None,
 ) -> Setup:
     """A stored profile (a `store.ProfileRecord`, its dict, or a `autotune.profiling.ProfileResult`): measured
     acceptance per class and the fitted step-cost model (see the module docstring). ``terms``: the step-cost terms
-    beyond the fit; None derives them from the record (`profile_terms`), ``ProfileTerms()`` prices none."""
+    beyond the fit; None derives them from the record (`profile_terms`), ``ProfileTerms()`` prices none.
+    ``off_steps``: what drafter-width control's off-steps do (e.g. as an engine's plugin statistics recorded it);
+    None: `off_step_mode` of the record's ``method``."""
     from autotune.profiling import predictor_from_profile
 
     acceptance, cost_model = predictor_from_profile(record)
@@ -316,7 +332,11 @@ def profile_setup(
     if dev is None and provenance is not None:
         dev = getattr(provenance, "device", None)
     fit = cost_model
+    if off_steps is not None and off_steps not in OFF_STEP_MODES:
+        raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {off_steps!r}.")
+    off = off_step_mode(get("method")) if off_steps is None else off_steps
     return Setup(
         str(get("model") or "?"), get("drafter"), str(dev or "unknown device"), cost, model_acc, max_k,
-        {False: fit, True: fit}, mean_context(workloads.values()), policy,
+        {False: fit, True: fit}, mean_context(workloads.values()), policy, off_steps=off,
+        parallel_drafting=get("parallel_drafting") is not False,
     )
