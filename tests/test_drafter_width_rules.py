@@ -13,6 +13,7 @@ from policies.plugin.drafting import (
     HandshakeResult,
     assign_placeholders,
     combine,
+    drafting_requests,
     handshake,
     is_off_step,
     plan_width,
@@ -120,3 +121,9 @@ def test_async_placeholders_follow_each_request_depth_within_the_width() -> None
     changed = assign_placeholders(requests, output, {"a": 0, "b": 1, "c": 3, "p": 2})
     assert [requests[r].spec_token_ids for r in ("a", "b", "c", "p")] == [[], [-1], [-1, -1], []]
     assert changed == 3  # "c" is clamped to the drafted width 2; the prefill chunk keeps none
+
+
+def test_only_requests_planned_above_zero_are_named_for_the_catch_up() -> None:
+    # An exploration (one request at its cap, the rest at 0) must not replay every request's history.
+    assert drafting_requests({"explorer": 4, "a": 0, "b": 0}) == frozenset({"explorer"})
+    assert drafting_requests({"a": 1, "b": 4}) is None  # everyone drafts: nothing to tell the workers

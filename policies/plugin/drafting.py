@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from policies.plugin.drafter_width import (
+    DRAFTING_ATTR,
     HANDSHAKE_METHOD,
     SKIP_ATTR,
     DrafterWidthSettings,
@@ -36,7 +37,9 @@ __all__ = [
     "assign_placeholders",
     "find_engine_executor",
     "handshake",
+    "drafting_requests",
     "is_off_step",
+    "mark_drafting_requests",
     "skip_draft_fetch_on_off_steps",
     "plan_width",
     "step_has_prompt_tokens",
@@ -169,6 +172,22 @@ def skip_draft_fetch_on_off_steps(executor: Any, off_step: Callable[[], bool]) -
 
     executor.take_draft_token_ids = take_draft_token_ids
     return True
+
+
+def drafting_requests(depths: Mapping[str, int]) -> frozenset[str] | None:
+    """The requests planned above depth 0, or None when that is all of them (nothing to tell the workers).
+
+    Example: ``drafting_requests({"a": 4, "b": 0}) == frozenset({"a"})``; ``drafting_requests({"a": 1}) is None``.
+    """
+    if all(d > 0 for d in depths.values()):
+        return None
+    return frozenset(r for r, d in depths.items() if d > 0)
+
+
+def mark_drafting_requests(output: Any, requests: frozenset[str] | None) -> None:
+    """Tell the workers which requests replay missed tokens in this step's drafter pass (`drafting_requests`)."""
+    if requests is not None:
+        setattr(output, DRAFTING_ATTR, requests)
 
 
 def mark_off_step(output: Any, off: bool) -> None:

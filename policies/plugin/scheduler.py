@@ -87,9 +87,11 @@ from policies.plugin.config import ASYNC_SCHEDULER_CLS, CONFIG_ENV, PluginConfig
 from policies.plugin.drafting import (
     HandshakeResult,
     assign_placeholders,
+    drafting_requests,
     find_engine_executor,
     handshake,
     is_off_step,
+    mark_drafting_requests,
     mark_off_step,
     skip_draft_fetch_on_off_steps,
 )
@@ -171,6 +173,8 @@ class PeagleScheduler(Scheduler):
         self._off_step = False  # the step last scheduled skips the drafter (no drafts to fetch after it)
         self._fetch_skipped = False  # the executor's draft fetch returns None after an off-step
         self._off_steps_seen = 0
+        self._drafting_for: Mapping[str, int] | None = None  # the depths `_drafting_set` was computed from
+        self._drafting_set: frozenset[str] | None = None
         self._skip = False  # off-steps skip the drafter (every worker proved it)
         self._width_fallback_logged = False
         try:
@@ -472,6 +476,10 @@ class PeagleScheduler(Scheduler):
             self._off_step = self._skip and is_off_step(output, drafting, self._width)
             if self._off_step:
                 mark_off_step(output, True)
+            elif self._skip and drafting > 0:  # only requests that draft replay what they missed
+                if depths is not self._drafting_for:
+                    self._drafting_for, self._drafting_set = depths, drafting_requests(depths)
+                mark_drafting_requests(output, self._drafting_set)
         self._planned_width = output.num_spec_tokens_to_schedule
         if self._async:  # the runner copies each request's first len(placeholders) drafts
             assign_placeholders(requests, output, depths)
