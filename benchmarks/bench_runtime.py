@@ -458,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"offline vllm.LLM engine (max_num_seqs {c}), float32, greedy.")
     n = len(workloads["shifting"][0])
     lines.append(f"Workloads: shifting = {n} predictable, then {n} entropic, then {n} mixed requests; stationary = "
-                 f"3 x {n} mixed requests; max_tokens {workload.classes[PREDICTABLE][0].max_tokens}. At c=1 the "
+                 f"3 x {n} mixed requests; max_tokens {workload.classes[PREDICTABLE][0].max_tokens} + "
+                 f"{list(LENGTH_OFFSETS)} by position in a phase. At c=1 the "
                  f"first {args.c1_requests} requests of each phase, one at a time. {n_rounds} rounds; each round "
                  "runs every configuration once (order rotated); figures: median (min-max) over rounds.")
     fe = prof.fit_error or {}

@@ -364,3 +364,38 @@ def test_drafter_token_cost_splits_the_fitted_token_cost_by_weights() -> None:
     assert terms.drafter_token_ms == pytest.approx(0.2 * r / (1 + r)) and terms.idle_drafter_source is None
     with pytest.raises(UsageError):
         params_per_token({**TINY, "hidden_size": 0})
+
+
+class _ExploreRule(_ScriptedRule):
+    """Every request at depth 0, except at step ``at``: the first request explores at depth 1 (the others stay 0)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__([0])
+        self.at = at
+
+    def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
+        step, self.calls = self.calls, self.calls + 1
+        if step == self.at:
+            return [1 if i == 0 else 0 for i in range(len(request_ids))], 1
+        if step > self.at:
+            return [1] * len(request_ids), 1
+        return [0] * len(request_ids), 0
+
+
+@dataclass(frozen=True)
+class _Explore(_Scripted):
+    def start(self) -> _ScriptedRule:
+        return _ExploreRule(3)
+
+
+def test_an_exploration_replays_only_the_explorers_missed_tokens() -> None:
+    # Two requests, both prompts (3 tokens) and two decode steps skipped: 5 missed tokens each. At step 3 one request
+    # explores: only it replays (5); the other keeps its 5 and misses this step's token too, and replays 6 when it
+    # drafts at step 4 (the plugin names the drafting requests, `DRAFTING_ATTR`).
+    rec = _Recorder(_termed())
+    reqs = (SimRequest(0, "a", 3, 8), SimRequest(1, "a", 3, 8))
+    run = simulate([Phase("p", reqs)], _Explore(()), rec, AcceptanceModel({"a": NEVER}, 4), concurrency=2)
+    assert run.output_tokens == 16
+    assert [s.drafter_idle for s in rec.shapes[:3]] == [True] * 3
+    assert rec.shapes[3].catch_up_tokens == 5 and rec.shapes[4].catch_up_tokens == 6
+    assert run.catch_up_tokens == 11

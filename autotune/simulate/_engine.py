@@ -23,8 +23,9 @@ Each step:
    ``StepShape.drafter_skips_prompt`` (computed by the target alone).
    Under ``catch_up`` every request of the step (decoding or prefilling) keeps count of the tokens the drafter
    skipped for it -- a skipped prompt chunk's tokens, a skipped decode step's new tokens -- and the next step whose
-   drafter runs replays them (``StepShape.catch_up_tokens``): a request that first drafts after a skipped prompt
-   replays its prompt and its output so far, one that never drafts again never pays for them; a request with more
+   drafter runs for it replays them (``StepShape.catch_up_tokens``): a request that first drafts after a skipped
+   prompt replays its prompt and its output so far, one that never drafts again never pays for them (in a drafting
+   step a request planned at depth 0 keeps its missed tokens, as the plugin's workers do); a request with more
    than ``max_catch_up_tokens`` missed is abandoned (not replayed), as the plugin does. A vLLM schedule at K = 0
    runs the drafter anyway (its rule says at what depth, `BatchSizeSchedule`), as vLLM does.
    Every decoding request gains ``A_r + 1`` tokens (A_r accepted drafts from its `AcceptanceStream`, plus the bonus
@@ -287,9 +288,16 @@ def simulate(
             elif prefill_tokens and not (track and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
                 drafting = 1  # the drafter reads the prompt tokens now (at one slot)
         catch_up = 0
+        deferred: set[int] = set()  # requests in the pass planned at depth 0: they keep their missed tokens
         if track and drafting > 0:
+            # The plugin names the requests planned above 0 when some are not (`DRAFTING_ATTR`); only those replay.
+            named = {id(x) for x, k in zip(planned_for, planned, strict=True) if k > 0} \
+                if any(k == 0 for k in planned) else None
             for x in decoding + [x for x, _ in chunks]:  # the requests in the drafter's pass
                 if x.missed:
+                    if named is not None and id(x) not in named:
+                        deferred.add(id(x))
+                        continue
                     if x.missed <= max_catch_up_tokens:
                         catch_up += x.missed
                     x.missed = 0
@@ -322,7 +330,7 @@ def simulate(
             if gain > left:
                 gain = left
             x.generated += gain
-            if idle and track:
+            if track and (idle or id(x) in deferred):
                 x.missed += gain
             x.steps += 1
             x.drafted += k
@@ -334,7 +342,7 @@ def simulate(
         decode_request_steps += len(decoding)
         for x, chunk in chunks:
             x.prompt_left -= chunk
-            if skips_prompt:
+            if skips_prompt or id(x) in deferred:
                 x.missed += chunk
             if x.prompt_left == 0:
                 x.generated = 1
