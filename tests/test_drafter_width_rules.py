@@ -17,6 +17,7 @@ from policies.plugin.drafting import (
     handshake,
     is_off_step,
     plan_width,
+    skip_draft_fetch_on_off_steps,
     step_has_prompt_tokens,
 )
 
@@ -127,3 +128,26 @@ def test_only_requests_planned_above_zero_are_named_for_the_catch_up() -> None:
     # An exploration (one request at its cap, the rest at 0) must not replay every request's history.
     assert drafting_requests({"explorer": 4, "a": 0, "b": 0}) == frozenset({"explorer"})
     assert drafting_requests({"a": 1, "b": 4}) is None  # everyone drafts: nothing to tell the workers
+
+
+def test_no_draft_fetch_from_the_workers_after_an_off_step() -> None:
+    class Executor:
+        max_concurrent_batches = 1
+
+        def __init__(self) -> None:
+            self.fetches = 0
+
+        def take_draft_token_ids(self) -> Any:
+            self.fetches += 1
+            return "drafts"
+
+    executor, off = Executor(), [True]
+    assert skip_draft_fetch_on_off_steps(executor, lambda: off[0])
+    assert executor.take_draft_token_ids() is None and executor.fetches == 0  # off-step: no round trip
+    off[0] = False
+    assert executor.take_draft_token_ids() == "drafts" and executor.fetches == 1
+    pipelined = Executor()
+    pipelined.max_concurrent_batches = 2  # the step just executed is not the one last scheduled
+    assert not skip_draft_fetch_on_off_steps(pipelined, lambda: True)
+    assert pipelined.take_draft_token_ids() == "drafts"
+    assert not skip_draft_fetch_on_off_steps(None, lambda: True)

@@ -286,6 +286,8 @@ def test_the_multiprocess_executor_lowers_and_skips_too(runs: dict[str, dict[str
     assert run["stats"].info["drafter_width"]["lower_width"] is True
     counters = _worker(run)
     assert counters["lowered_steps"] > 0 and counters["skipped_steps"] > 0 and counters["caught_up_requests"] > 0
+    # The engine core found its executor: after an off-step it does not fetch drafts from the worker processes.
+    assert run["stats"].info["drafter_width"]["skip_fetch"] is True
     drafts, accepted = _acceptance_by_depth(run)[1]
     assert drafts > 0 and accepted[0] / drafts > 0.85  # as in-process (derivation in the off-steps test)
 
