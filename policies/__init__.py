@@ -34,6 +34,7 @@ from policies._files import (
     load_yaml_text,
     read_text,
 )
+from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, off_step_mode
 from policies._request_policy import (
     BUILTIN_CLASSES,
     CLASS_KEY,
@@ -67,9 +68,11 @@ __all__ = [
     "CLASS_KEY",
     "DEFAULT_POLICY_CLASS",
     "FEATURES",
+    "MAX_CATCH_UP_TOKENS",
     "MAX_CLASSES",
     "MAX_K",
     "MAX_K_KEY",
+    "OFF_STEP_MODES",
     "PARALLEL_FEATURES",
     "POLICY_FORMAT_VERSION",
     "SEQUENTIAL_FEATURES",
@@ -101,6 +104,7 @@ __all__ = [
     "conditional_rates",
     "load_policy",
     "mix",
+    "off_step_mode",
     "request_outcome",
     "tokens_per_second",
     "YAML_MAX_DEPTH",

@@ -151,3 +151,15 @@ def test_no_draft_fetch_from_the_workers_after_an_off_step() -> None:
     assert not skip_draft_fetch_on_off_steps(pipelined, lambda: True)
     assert pipelined.take_draft_token_ids() == "drafts"
     assert not skip_draft_fetch_on_off_steps(None, lambda: True)
+
+
+def test_off_steps_replay_only_for_token_only_drafters_under_sync_scheduling() -> None:
+    from policies import off_step_mode
+
+    assert off_step_mode("catch_up", token_only=True, async_scheduling=False) == ("catch_up", None)
+    mode, why = off_step_mode("catch_up", token_only=False, async_scheduling=False)  # an EAGLE head
+    assert mode == "sync_pass" and "hidden states" in str(why)
+    assert off_step_mode("holes", token_only=True, async_scheduling=True)[0] == "sync_pass"
+    assert off_step_mode("holes", token_only=False, async_scheduling=False) == ("holes", None)
+    with pytest.raises(ValueError, match="off_steps must be one of"):
+        off_step_mode("never", token_only=True, async_scheduling=False)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from autotune.errors import UsageError
 from autotune.search.schedule import ScheduleEntry
 from policies import (
+    OFF_STEP_MODES,
     AcceptanceEstimator,
     AcceptanceProfile,
     RequestPolicy,
@@ -33,6 +34,7 @@ from policies import (
     StepCostModel,
     TrackedBatch,
 )
+from policies import off_step_mode as _worker_off_step_mode
 
 __all__ = [
     "OFF_STEP_MODES",
@@ -45,24 +47,16 @@ __all__ = [
     "off_step_mode",
 ]
 
-OFF_STEP_MODES: tuple[str, ...] = ("catch_up", "sync_pass", "holes")
-"""What an off-step (every planned depth 0) does with the drafter under drafter-width control; the values of
-``DrafterWidthSettings.off_steps`` (`policies.plugin.drafter_width`)."""
-
-
 def off_step_mode(method: str | None, requested: str = "catch_up", *, async_scheduling: bool = False) -> str:
-    """The off-step mode the plugin's workers run for a drafter of vLLM speculative ``method``, as
-    ``policies.plugin.drafter_width`` decides it at the handshake: ``catch_up`` needs a token-only drafter
-    (``draft_model``, e.g. PARD) and synchronous scheduling; an EAGLE head (``eagle``, ``eagle3``, P-EAGLE) drafts
-    from the target's hidden states, which a replay no longer has, and under async scheduling the worker's token copy
-    lags, so both run a one-slot ``sync_pass`` instead. ``holes`` and ``sync_pass`` are kept as requested."""
-    if requested not in OFF_STEP_MODES:
-        raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {requested!r}.")
-    if requested in ("catch_up", "holes") and async_scheduling:
-        return "sync_pass"
-    if requested == "catch_up" and method != "draft_model":
-        return "sync_pass"
-    return requested
+    """The off-step mode the plugin's workers run for a drafter of vLLM speculative ``method``: their own rule
+    (`policies.plugin.drafter_width.off_step_mode`), with ``draft_model`` (e.g. PARD) the one token-only method;
+    an EAGLE head (``eagle``, ``eagle3``, P-EAGLE) drafts from the target's hidden states."""
+    try:
+        return _worker_off_step_mode(requested, token_only=method == "draft_model",
+                                     async_scheduling=async_scheduling)[0]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
 
 StepResult = tuple[str, str, int, int]
 """(request id, class, verified drafts, accepted drafts) of one decoding request in a step."""

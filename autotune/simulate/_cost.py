@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from autotune.catalogs import architecture_params
 from autotune.errors import UsageError
 from autotune.spec import SpecConfig
 from policies import StepCostModel, StepSample
@@ -169,10 +170,11 @@ class FittedStepCost:
 
 
 def params_per_token(config: Mapping[str, object]) -> float:
-    """Weights a decoder-only transformer multiplies per token (a Hugging Face ``config.json``): per layer the
-    attention projections (q and o: h*h each; k and v: h * kv_heads * head_dim each) and a gated MLP (3*h*i), plus
-    the LM head (h*vocab). A forward pass does ~2 FLOPs per weight per token; attention over the context is left out
-    (it is the same per token for target and drafter at equal context, up to their head counts)."""
+    """Weights a dense decoder-only transformer multiplies per token (a Hugging Face ``config.json``): its active
+    parameters as the catalog counts them (`autotune.catalogs.architecture_params`: per layer the attention
+    projections and a gated MLP, plus the LM head). A forward pass does ~2 FLOPs per weight per token; attention
+    over the context is left out (it is the same per token for target and drafter at equal context, up to their
+    head counts)."""
 
     def num(key: str, default: float | None = None) -> float:
         value = config.get(key, default)
@@ -182,10 +184,13 @@ def params_per_token(config: Mapping[str, object]) -> float:
 
     h = num("hidden_size")
     heads = num("num_attention_heads")
-    kv = num("num_key_value_heads", heads)
-    head_dim = num("head_dim", h / heads)
-    per_layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * num("intermediate_size")
-    return num("num_hidden_layers") * per_layer + h * num("vocab_size")
+    active_b = architecture_params(
+        num_layers=int(num("num_hidden_layers")), hidden_size=int(h), num_attention_heads=int(heads),
+        num_kv_heads=int(num("num_key_value_heads", heads)), head_dim=int(num("head_dim", h // heads)),
+        vocab_size=int(num("vocab_size")), ffn_intermediate_size=int(num("intermediate_size")), num_experts=0,
+        experts_per_token=0, tie_word_embeddings=False,
+    ).active_b
+    return active_b * 1e9
 
 
 def drafter_token_ratio(target: Mapping[str, object], drafter: Mapping[str, object]) -> float:

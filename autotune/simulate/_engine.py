@@ -51,12 +51,10 @@ from autotune.simulate._acceptance import AcceptanceModel, AcceptanceStream
 from autotune.simulate._configs import ServingConfig
 from autotune.simulate._cost import StepCostSource, StepShape
 from autotune.simulate._requests import Phase, SimRequest
+from policies import MAX_CATCH_UP_TOKENS
 
 __all__ = ["MAX_CATCH_UP_TOKENS", "RequestRecord", "SimRun", "simulate"]
 
-MAX_CATCH_UP_TOKENS = 512
-"""Default of ``DrafterWidthSettings.max_catch_up_tokens`` (`policies.plugin.drafter_width`): a request that missed
-more drafter tokens than this is not caught up (its holes are abandoned)."""
 
 
 @dataclass(frozen=True, slots=True)

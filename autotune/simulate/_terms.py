@@ -17,12 +17,11 @@ prices a drafter-off step of a speculative engine like a no-speculation step. Tw
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from autotune.engine import model_config_json
 from autotune.simulate._cost import drafter_token_ratio
 from policies import StepCostModel
 
@@ -68,15 +67,14 @@ def drafter_token_ms(cost_model: StepCostModel, target: Mapping[str, Any], draft
 
 
 def model_config(path_or_name: Any) -> dict[str, Any] | None:
-    """A local model's ``config.json`` (a directory path), else None (a hub or catalog name)."""
+    """A local model's ``config.json`` (`autotune.engine.model_config_json`), else None (no name, a name not on
+    disk, or an unreadable file)."""
     if not path_or_name:
         return None
-    path = Path(str(path_or_name)) / "config.json"
     try:
-        data = json.loads(path.read_text())
+        return model_config_json(str(path_or_name))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, off_step_mode
+
 __all__ = [
     "HANDSHAKE_METHOD",
     "COUNTERS_METHOD",
@@ -80,7 +82,6 @@ DRAFTING_ATTR = "peagle_drafting_reqs"
 those that are. Only they replay their missed tokens in this step's drafter pass; the others keep their holes until
 they draft (their drafts this step are not verified)."""
 PROTOCOL_VERSION = 1
-OFF_STEP_MODES: tuple[str, ...] = ("catch_up", "sync_pass", "holes")
 _FAULTS: tuple[str, ...] = ("propose", "skip", "handshake")
 _METHODS_WITH_SLOTS = ("DraftModelProposer", "EagleProposer")
 
@@ -101,7 +102,7 @@ class DrafterWidthSettings:
     ``sync_pass``), ``sync_pass`` runs it over one slot to keep its KV cache, ``holes`` skips without replay."""
     skip_sampler: bool = True
     """Use the plain sampler on steps that verify no draft (the rejection sampler would only sample bonus tokens)."""
-    max_catch_up_tokens: int = 512
+    max_catch_up_tokens: int = MAX_CATCH_UP_TOKENS
     """Replay at most this many tokens per request; a longer gap stays unwritten (acceptance may drop, outputs
     never change)."""
     fault: str | None = None
@@ -524,13 +525,9 @@ def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerSta
         return refuse("disable_padded_drafter_batch is set")
     if not all(hasattr(runner, a) for a in ("propose_draft_token_ids", "_sample", "sampler", "input_batch")):
         return refuse(f"model runner {type(runner).__name__} lacks the V1 runner methods")
-    off = settings.off_steps
-    reason = None
     token_only = not bool(getattr(drafter, "pass_hidden_states_to_model", True))
-    if off in ("catch_up", "holes") and getattr(runner, "use_async_scheduling", False):
-        off, reason = "sync_pass", "async scheduling: off-steps run a one-slot sync pass"
-    elif off == "catch_up" and not token_only:
-        off, reason = "sync_pass", f"{method} drafts from target hidden states: off-steps run a one-slot sync pass"
+    off, reason = off_step_mode(settings.off_steps, token_only=token_only,
+                                async_scheduling=bool(getattr(runner, "use_async_scheduling", False)))
     return WorkerStatus(True, reason, rank, k_max=k_max, method=method, parallel=parallel, lower_width=True,
                         off_steps=off)
 
