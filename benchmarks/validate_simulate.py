@@ -241,7 +241,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
     from autotune.simulate import ProfileTerms, fit_autocorrelation, load_traces, profile_setup, simulate
 
     runs = bundle["runs"]
-    plugin_time = bundle.get("plugin_host_time") or {} if terms else {}
+    plugin_time = (bundle.get("plugin_host_time") or {}) if terms else {}
     off_steps: Mapping[str, str] = bundle.get("off_steps") or {}  # else the profile's drafter decides (catch_up)
     base_ok = runs.get(NO_SPEC) or []
     if not base_ok:

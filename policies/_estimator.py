@@ -47,12 +47,12 @@ from policies._acceptance import AcceptanceProfile, acceptance_lengths
 __all__ = ["MAX_CLASSES", "AcceptanceEstimator"]
 
 MAX_CLASSES = 64
+"""Most request classes tracked anywhere: classes a policy may know, class labels the plugin keeps apart, classes
+with their own acceptance estimate. Beyond it labels fold into a default or "other" bucket (see `policies.plugin`)."""
 ANCHOR_FRACTION = 0.25
 """Share of a stored profile's ``prior_strength`` that never decays (5 pseudo-trials per position at the default
 20): small against live evidence (a class present for 50 steps holds ~50 effective trials per request), decisive
 when the class has none."""
-"""Most request classes tracked anywhere: classes a policy may know, class labels the plugin keeps apart, classes
-with their own acceptance estimate. Beyond it labels fold into a default or "other" bucket (see `policies.plugin`)."""
 
 _GLOBAL = "\x00global"
 _FLOOR_TRIALS = 1.0

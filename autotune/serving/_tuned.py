@@ -33,9 +33,9 @@ __all__ = ["COLD_START_COST", "TunedConfig", "plugin_config", "resolve_tuned_con
 
 COLD_START_COST: dict[str, float] = {"base": 1.0, "per_verified_token": 0.05, "drafter_fixed": 0.25}
 """Step-cost prior (ms, `policies.StepCostModel` features) when a drafter is served with neither a profile nor a
-roofline: relative, since goodput compares T(B, K) at one B and the online fit (least squares anchored to this
-prior with a tenth of a step's weight; all steps being far slower than predicted, none is set aside as an outlier)
-replaces the scale within a few refreshes. A drafter pass at a quarter of the step and a verified token
+roofline: relative, since goodput compares T(B, K) at one B and the online fit (Bayesian least squares in which this
+prior counts as one observation with a 10% error; all steps being far slower than predicted, none is set aside as
+an outlier) replaces the scale within a few refreshes. A drafter pass at a quarter of the step and a verified token
 at 5% (decode is memory-bound): at B = 1, T(1) / T(0) = 1.35 / 1.05 = 1.29, so depth 1 pays when AL(1) > 1.29; the
 untrained estimator's 0.5 per position (AL(1) = 1.5) passes, so the controller drafts, measures, and goes to depth 0
 where it does not pay."""
