@@ -15,12 +15,13 @@ the (class, position) gains once and sweeping prefixes gives the exact optimum f
 class with the same cap/floor are one cohort, so a step costs O(classes * max_k), not O(B * max_k). For sequential
 drafting the drafter cost grows with the deepest request D, so the sweep runs once per D.
 
-Stability and cost. Per-class AL tables and the cost coefficients are refreshed every ``refresh_every`` decisions,
-not every step; between refreshes the optimisation is re-run only when ``reoptimize_churn`` (5%) of the batch has
-changed, otherwise the last optimum is re-priced on the current batch. A `TrackedBatch` (kept up to date by the
-scheduler's add/remove) makes a step independent of B. A new plan replaces the current one only if its predicted
-goodput beats the current plan's (on the same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan
-has been preferred for ``patience`` consecutive steps.
+Stability and cost. Per-class AL tables are refreshed every ``refresh_every`` decisions, not every step, and the
+cost coefficients (a least-squares solve) every `_COST_SOLVE_EVERY`-th of those refreshes; between refreshes the
+optimisation is re-run only when ``reoptimize_churn`` (5%) of the batch has changed, otherwise the last optimum is
+re-priced on the current batch. A `TrackedBatch` (kept up to date by the scheduler's add/remove) makes a step
+independent of B. A new plan replaces the current one only if its predicted goodput beats the current plan's (on the
+same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan has been preferred for ``patience``
+consecutive steps.
 
 Switching the drafter on. With drafter-width control an idle drafter is skipped; turning it back on costs one extra
 drafter pass (it replays the tokens generated while it was off). So a plan that turns it on must beat the current one
@@ -39,6 +40,7 @@ Everything `decide` reports (goodput, step time) is predicted.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -58,6 +60,12 @@ __all__ = ["DepthController"]
 _OUTLIER_FACTOR = 4.0
 """A pooled step shape slower than this many times the cost model's prediction is not learnt (see
 `DepthController._learn_step_costs`)."""
+
+_COST_SOLVE_EVERY = 4
+"""The periodic refresh (every ``refresh_every`` decisions) re-solves the cost model only every this many times
+(every 64 decisions at the default 16). The solve is about two thirds of a refresh (~0.2 ms of ~0.36 ms in the plugin
+benchmark at batch 8), and the coefficients move slowly: measured steps are pooled and fed every refresh, and the
+model forgets 1% per pooled update. An explicit `DepthController.refresh` always solves."""
 
 
 @dataclass
@@ -111,6 +119,7 @@ class DepthController:
         self.settings = settings
         self._tables: _Tables | None = None
         self._decisions = 0
+        self._refreshes = 0  # periodic refreshes so far (`_COST_SOLVE_EVERY`)
         self._plan: dict[str, int] = {}
         self._candidate: dict[str, int] | None = None
         self._streak = 0
@@ -122,6 +131,11 @@ class DepthController:
         self._since_explore = 0  # decisions since the last exploration
         self._idle_wait: float | None = None  # budgeted exploration interval while idle, as of the last full decision
         self._run = 0  # decisions of the current drafting run (plan depth > 0), 0 while the plan keeps it off
+        self._turn_on: tuple[float, int] | None = None  # (predicted ms without the replay, requests turned on)
+        self.catch_up_ms: float | None = None
+        """Measured extra time per request of the step that turns an idle drafter on (its replay of the tokens the
+        drafter missed), ms, averaged over such steps; None until one was measured (then a drafter pass over the
+        batch is assumed)."""
         self.run_steps = float(settings.run_steps)
         """Mean length of the plan's drafting runs, decisions (starts at ``run_steps``; learnt from the runs)."""
         self.switches = 0
@@ -147,7 +161,8 @@ class DepthController:
         self._decisions += 1
         refreshed = False
         if self._tables is None or self._decisions % self.settings.refresh_every == 0:
-            self.refresh()
+            self._refreshes += 1
+            self.refresh(costs=self._tables is None or self._refreshes % _COST_SOLVE_EVERY == 0)
             refreshed = True
         tables = self._tables
         assert tables is not None
@@ -200,7 +215,8 @@ class DepthController:
             gain = n_best * ms_cur / (n_cur * ms_best) - 1.0
             need = self.settings.hysteresis
             if drafter_was_off and depth_best > 0:  # the catch-up pass, spread over a drafting run
-                need += self._drafter_pass_ms(tables, size) / (self.run_steps * ms_best)
+                on = sum(m for c, m in counts.items() if best_plan.get(c[0], 0) > 0)
+                need += self._catch_up_ms(tables, size, on) / (self.run_steps * ms_best)
             if gain > need or self._streak >= self.settings.patience:
                 self.switches += 1
                 self._candidate, self._streak = None, 0
@@ -229,6 +245,10 @@ class DepthController:
         )
         self._last = (key, decision) if not explore else None
         self._drafting = batch_depth
+        self._turn_on = None
+        if drafter_was_off and batch_depth > 0:  # measured by `observe_tally` as `catch_up_ms`
+            on = sum(m for c, m in counts.items() if merged.get(c[0], 0) > 0) + len(explore)
+            self._turn_on = (self._step_ms(tables, size, size, True, batch_depth), max(on, 1))
         return decision
 
     def decide_or_fallback(self, batch: Sequence[RequestView] | TrackedBatch) -> Decision:
@@ -287,6 +307,14 @@ class DepthController:
             estimator.observe_counts(cls, outcomes)
             present.append(cls)
         estimator.advance(present=set(present) if len(present) > 1 else present)
+        turn_on, self._turn_on = self._turn_on, None
+        if turn_on is not None and step_ms is not None and tally.size and (drafting_depth or 0) > 0:
+            # The step that turned the drafter on: what it took beyond a drafting step of its shape is the replay
+            # of the missed tokens, a cost of switching, not of drafting (left out of the step-cost model).
+            extra = max(float(step_ms) - turn_on[0], 0.0) / turn_on[1]
+            last = self.catch_up_ms
+            self.catch_up_ms = extra if last is None else last + 0.2 * (extra - last)
+            return
         if step_ms is not None and tally.size and self.settings.learn_step_cost:
             always = self.settings.drafter_always_runs
             drafting = self._drafting if drafting_depth is None else drafting_depth
@@ -321,17 +349,22 @@ class DepthController:
             if not (is_slow and outvoted):
                 model.update(sample)
 
-    def refresh(self) -> None:
-        """Rebuild the per-class AL tables and cost coefficients from the estimator and the cost model now."""
+    def refresh(self, costs: bool = True) -> None:
+        """Rebuild the per-class AL tables from the estimator now, and the cost coefficients from the cost model
+        (``costs``; otherwise the last tables' coefficients are kept, while measured steps are still fed to it)."""
         if self._pending_samples:
             self._learn_step_costs()
-        c = self.cost_model.coefficients
-        tables = _Tables(
-            al={}, order=[],
-            base_ms=c["base"], per_request_ms=c["per_request"], per_token_ms=c["per_verified_token"],
-            drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
-            per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
-        )
+        last = self._tables
+        if costs or last is None:
+            c = self.cost_model.coefficients
+            tables = _Tables(
+                al={}, order=[],
+                base_ms=c["base"], per_request_ms=c["per_request"], per_token_ms=c["per_verified_token"],
+                drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
+                per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
+            )
+        else:
+            tables = dataclasses.replace(last, al={}, order=[])
         classes = set(self.estimator.classes())
         if self._tables is not None:
             classes |= set(self._tables.al)
@@ -356,14 +389,22 @@ class DepthController:
         """Predicted ms of one drafter pass over ``size`` requests (the catch-up cost of turning the drafter on)."""
         return t.drafter_ms + t.drafter_per_request_ms * size + t.per_pass_ms + t.per_pass_request_ms * size
 
+    def _catch_up_ms(self, t: _Tables, size: int, requests: int) -> float:
+        """Extra ms of the step that turns an idle drafter on for ``requests`` of a batch of ``size``: measured per
+        request (`catch_up_ms`) once a switch was observed, else one drafter pass over the batch."""
+        if self.catch_up_ms is None:
+            return self._drafter_pass_ms(t, size)
+        return self.catch_up_ms * max(requests, 1)
+
     def _idle_explore_interval(self, t: _Tables, size: int, ms_off: float) -> float:
         """Decisions between explorations while the drafter is off, so that they cost at most ``explore_budget`` of
-        the step time: an exploration runs the drafter twice (the catch-up pass and the drafts) and verifies
-        ``max_k`` more tokens per explored class (counted as one). At least ``explore_every``."""
+        the step time: an exploration turns the drafter on for one request per class (its catch-up, measured as
+        `catch_up_ms`), runs a drafter pass and verifies ``max_k`` more tokens per explored class (counted as one).
+        At least ``explore_every``."""
         budget = self.settings.explore_budget
         if budget <= 0:
             return math.inf
-        cost = 2.0 * self._drafter_pass_ms(t, size) + t.per_token_ms * self.max_k
+        cost = self._drafter_pass_ms(t, size) + self._catch_up_ms(t, size, 1) + t.per_token_ms * self.max_k
         return max(float(self.settings.explore_every), cost / (budget * max(ms_off, 1e-9)))
 
     def _track_run(self, depth: int) -> None:

@@ -229,6 +229,7 @@ def test_acceptance_per_position_equals_trimming_at_the_same_depth(runs: dict[st
 def test_off_steps_happen_and_requests_that_resume_drafting_still_accept(runs: dict[str, dict[str, Any]]) -> None:
     counters = _worker(runs["lowered"])
     assert counters["skipped_steps"] > 0 and counters["plain_sampler_steps"] > 0
+    assert counters["zero_draft_metadata_steps"] >= counters["plain_sampler_steps"]
     assert counters["caught_up_requests"] > 0 and counters["caught_up_tokens"] >= counters["caught_up_requests"]
     assert counters["abandoned_holes"] == 0
     # Prompt steps in a depth-0 block skip the drafter too; those requests replay their prompt when they first draft

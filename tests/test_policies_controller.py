@@ -476,3 +476,22 @@ def test_a_profiled_class_without_evidence_returns_to_its_profile_not_to_the_poo
     # The anchor: 5 trials at 0.1 against 2 pseudo-trials of shrinkage towards the pooled ~0.99: (0.5 + 2 g) / 7.
     assert est.conditional("bad")[0] == pytest.approx((0.5 + 2 * est.global_conditional()[0]) / 7, abs=0.01)
     assert est.conditional("bad")[0] < 0.4  # without the anchor it would be the pooled ~0.99
+
+
+def test_the_measured_catch_up_of_an_exploration_sets_how_often_it_explores() -> None:
+    # The prior prices an exploration while off at 9 ms (see above): one every 40.9 decisions. The engine measures
+    # the step that turned the drafter on at 35 ms where a drafting step of its shape is predicted at 15 ms (B=1,
+    # 1 verified token, one drafter pass): 20 ms of catch-up for one request. An exploration then costs a drafter
+    # pass (4) + 20 + 1 verified token = 25 ms, one every 25 / 0.22 = 113.6 decisions: at 41, 155 and 269.
+    ctl = DepthController(SWITCH, _estimator({"chat": AcceptanceProfile(100, (0,))}, max_k=1), max_k=1,
+                          static_k=1, refresh_every=1, drafter_always_runs=False, learn_step_cost=False,
+                          explore_every=4)
+    explored = []
+    for i in range(1, 301):
+        d = ctl.decide(_batch(1))
+        if d.explore:
+            explored.append(i)
+        ctl.observe_step([("r0", "chat", 0, 0)], step_ms=35.0 if d.batch_depth else 11.0,
+                         drafting_depth=d.batch_depth)
+    assert ctl.catch_up_ms == pytest.approx(20.0)
+    assert explored == [41, 155, 269]
