@@ -17,8 +17,8 @@ from policies.plugin.drafting import (
     handshake,
     is_off_step,
     plan_width,
-    skip_draft_fetch_on_off_steps,
     step_has_prompt_tokens,
+    wrap_draft_fetch,
 )
 
 
@@ -130,7 +130,7 @@ def test_only_requests_planned_above_zero_are_named_for_the_catch_up() -> None:
     assert drafting_requests({"a": 1, "b": 4}) is None  # everyone drafts: nothing to tell the workers
 
 
-def test_no_draft_fetch_from_the_workers_after_an_off_step() -> None:
+def test_no_draft_fetch_from_the_workers_after_an_off_step_and_every_fetch_is_timed() -> None:
     class Executor:
         max_concurrent_batches = 1
 
@@ -141,16 +141,21 @@ def test_no_draft_fetch_from_the_workers_after_an_off_step() -> None:
             self.fetches += 1
             return "drafts"
 
-    executor, off = Executor(), [True]
-    assert skip_draft_fetch_on_off_steps(executor, lambda: off[0])
+    executor, off, timed = Executor(), [True], []
+    assert wrap_draft_fetch(executor, lambda: off[0], timed.append)
     assert executor.take_draft_token_ids() is None and executor.fetches == 0  # off-step: no round trip
+    assert timed == []  # nothing fetched, nothing timed
     off[0] = False
     assert executor.take_draft_token_ids() == "drafts" and executor.fetches == 1
+    assert len(timed) == 1 and timed[0] >= 0.0
+    always = Executor()  # trimming or static depth: every step fetches, and is timed
+    assert wrap_draft_fetch(always, None, timed.append)
+    assert always.take_draft_token_ids() == "drafts" and len(timed) == 2
     pipelined = Executor()
     pipelined.max_concurrent_batches = 2  # the step just executed is not the one last scheduled
-    assert not skip_draft_fetch_on_off_steps(pipelined, lambda: True)
+    assert not wrap_draft_fetch(pipelined, lambda: True, timed.append)
     assert pipelined.take_draft_token_ids() == "drafts"
-    assert not skip_draft_fetch_on_off_steps(None, lambda: True)
+    assert not wrap_draft_fetch(None, lambda: True, timed.append)
 
 
 def test_off_steps_replay_only_for_token_only_drafters_under_sync_scheduling() -> None:

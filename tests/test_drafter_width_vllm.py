@@ -289,6 +289,10 @@ def test_the_multiprocess_executor_lowers_and_skips_too(runs: dict[str, dict[str
     assert counters["lowered_steps"] > 0 and counters["skipped_steps"] > 0 and counters["caught_up_requests"] > 0
     # The engine core found its executor: after an off-step it does not fetch drafts from the worker processes.
     assert run["stats"].info["drafter_width"]["skip_fetch"] is True
+    # The fetches that happen (after drafting steps, and every 64th off-step) are timed: host time outside the
+    # step window that the simulator charges to drafting steps. The plan keeps a quarter of its steps off.
+    stats = run["stats"]
+    assert 0 < stats.draft_fetches < stats.steps and stats.draft_fetch_ms > 0
     drafts, accepted = _acceptance_by_depth(run)[1]
     assert drafts > 0 and accepted[0] / drafts > 0.85  # as in-process (derivation in the off-steps test)
 

@@ -36,12 +36,14 @@ def test_incremental_file_is_the_full_dump_and_round_trips(tmp_path: Path) -> No
     path = tmp_path / "stats.json"
     for _ in range(4):  # written repeatedly while running, as the plugin flushes
         _session(stats, 300)
+        stats.observe_draft_fetch(0.25)  # the engine core's fetch after a step, timed outside the step window
         assert stats.to_json() == json.dumps(stats.to_dict())
         stats.save(path)
         assert json.loads(path.read_text()) == stats.to_dict()
     again = PluginStats.load(path)
     assert again.to_json() == path.read_text()
     assert again.traces() == stats.traces() and again.totals() == stats.totals()
+    assert (again.draft_fetches, again.draft_fetch_ms) == (4, pytest.approx(1.0))
 
 
 def test_step_shapes_beyond_the_cap_keep_count_and_mean_only() -> None:

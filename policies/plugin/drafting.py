@@ -19,6 +19,7 @@ Nothing here imports vLLM; the functions take vLLM's objects duck-typed, so they
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
@@ -40,7 +41,7 @@ __all__ = [
     "drafting_requests",
     "is_off_step",
     "mark_drafting_requests",
-    "skip_draft_fetch_on_off_steps",
+    "wrap_draft_fetch",
     "plan_width",
     "step_has_prompt_tokens",
 ]
@@ -152,23 +153,32 @@ def is_off_step(output: Any, width: int, result: HandshakeResult) -> bool:
     return result.off_steps == "catch_up" or not step_has_prompt_tokens(output)
 
 
-def skip_draft_fetch_on_off_steps(executor: Any, off_step: Callable[[], bool]) -> bool:
-    """After an off-step there are no drafts to fetch: make the engine core's ``take_draft_token_ids`` call return
-    None without asking the workers, when ``off_step()`` says the step just executed was one.
+def wrap_draft_fetch(
+    executor: Any, off_step: Callable[[], bool] | None, record: Callable[[float], None]
+) -> bool:
+    """Time the engine core's fetch of the drafts after each step (``record(ms)``), and, with ``off_step``, make it
+    return None without asking the workers when ``off_step()`` says the step just executed skipped the drafter.
 
-    vLLM's ``EngineCore.post_step`` fetches the drafts after every synchronous step with speculation configured; with
-    the multiprocess executor that is a round trip to the worker processes per step even when the drafter was
-    skipped. The method is replaced on this executor instance only (vLLM's classes are untouched). Only for
-    synchronous executors that run one batch at a time (with a batch queue the step just executed is not the one
-    last scheduled). Returns whether it was installed."""
+    vLLM's ``EngineCore.post_step`` fetches the drafts after every synchronous step with speculation configured:
+    with the multiprocess executor one more round trip to the workers per step, outside the window the plugin times
+    a step in (so the fetch is recorded on its own: a cost of every drafting step). The method is replaced on this
+    executor instance only (vLLM's classes are untouched). Only for synchronous executors that run one batch at a
+    time (with a batch queue the step just executed is not the one last scheduled). Returns whether it was
+    installed."""
     if executor is None or int(getattr(executor, "max_concurrent_batches", 1) or 1) != 1:
         return False
     fetch = getattr(executor, "take_draft_token_ids", None)
     if not callable(fetch):
         return False
+    clock = time.perf_counter
 
     def take_draft_token_ids() -> Any:
-        return None if off_step() else fetch()
+        if off_step is not None and off_step():
+            return None
+        t0 = clock()
+        drafts = fetch()
+        record((clock() - t0) * 1000.0)
+        return drafts
 
     executor.take_draft_token_ids = take_draft_token_ids
     return True

@@ -36,6 +36,8 @@ vLLM's ``Scheduler.update_from_output`` for the same step: scheduling (including
 forward over the verified tokens, rejection sampling, the drafter's proposal for the next step, and the scheduler's
 output processing. Not included: ``update_draft_token_ids`` (where the trimming happens), sending outputs to the
 frontend, and idle time between steps. Only decode-only steps (no prompt token computed) become step-cost samples.
+The engine core's fetch of the drafts after a step (synchronous executors) is timed on its own (``draft_fetch`` in
+the stats: steps and summed ms).
 
 Acceptance (per request and step, in ``update_from_output``): drafted = the draft tokens scheduled for verification
 (``scheduled_spec_decode_tokens``, placeholders -1 excluded); accepted = sampled tokens minus the one bonus token,
@@ -93,7 +95,7 @@ from policies.plugin.drafting import (
     is_off_step,
     mark_drafting_requests,
     mark_off_step,
-    skip_draft_fetch_on_off_steps,
+    wrap_draft_fetch,
 )
 from policies.plugin.factory import build_controller, check_plugin_fault
 from policies.plugin.labels import Labeled, RequestLabeler
@@ -190,8 +192,12 @@ class PeagleScheduler(Scheduler):
         if self._width.lower_width and config.lower_drafting_depth is not False:
             lower = self._k > 0  # every worker drafts only the planned width (parallel drafting included)
         self._skip = self._width.skip_drafter and lower
-        if self._skip and not self._async:
-            self._fetch_skipped = skip_draft_fetch_on_off_steps(self._executor, self._no_drafts_to_fetch)
+        if self._k > 0 and not self._async:  # the fetch is timed (a cost of drafting steps), skipped after off-steps
+            if self._executor is None:
+                self._executor = find_engine_executor()
+            timed = wrap_draft_fetch(self._executor, self._no_drafts_to_fetch if self._skip else None,
+                                     self._fetched)
+            self._fetch_skipped = self._skip and timed
         self._config = config
         self._rules = DepthRules(self._k, config.static_depth, config.class_depths, lower)
         self._stats = PluginStats(max_samples_per_key=config.max_samples_per_key)
@@ -262,6 +268,11 @@ class PeagleScheduler(Scheduler):
             return False
         self._off_steps_seen += 1
         return self._off_steps_seen % _FETCH_CHECK_EVERY != 0
+
+    def _fetched(self, ms: float) -> None:
+        """The engine core fetched the drafts of the step just executed in ``ms`` (recorded in the stats)."""
+        if self._stats is not None:
+            self._stats.observe_draft_fetch(ms)
 
     def _set_drafter_always_runs(self, always: bool) -> None:
         """Tell the controller whether a step at depth 0 still pays for the drafter (trimming) or not (off-steps)."""

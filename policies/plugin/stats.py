@@ -122,6 +122,10 @@ class PluginStats:
         self.fallback = False
         self.errors: list[str] = []
         self.overhead_ms = 0.0
+        self.draft_fetches = 0
+        """Draft fetches timed (the engine core's ``take_draft_token_ids`` after a step; none after an off-step)."""
+        self.draft_fetch_ms = 0.0
+        """Their summed wall time, ms (host time outside ``step_ms``)."""
         """Wall time spent in the plugin's own logic (decisions, trimming, bookkeeping), ms."""
         self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
         self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
@@ -215,6 +219,12 @@ class PluginStats:
             if j < entry.room:
                 entry.samples[j] = step_ms
                 entry.json = None
+
+    def observe_draft_fetch(self, ms: float) -> None:
+        """One draft fetch that took ``ms`` (wall)."""
+        if math.isfinite(ms) and ms >= 0:
+            self.draft_fetches += 1
+            self.draft_fetch_ms += ms
 
     def _observe_traces_rows(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
         """Per-request traces from (request id, class, phase, drafted, accepted) rows; labels are admitted only when a
@@ -402,6 +412,7 @@ class PluginStats:
             "fallback": self.fallback,
             "errors": list(self.errors),
             "overhead_ms": self.overhead_ms,
+            "draft_fetch": {"n": self.draft_fetches, "sum_ms": self.draft_fetch_ms},
             "totals": self.totals(),
             "depth_histogram": {str(k): v for k, v in self.depth_histogram().items()},
             "acceptance": [
@@ -464,6 +475,8 @@ class PluginStats:
             stats.fallback = bool(data["fallback"])
             stats.errors = [str(e) for e in data.get("errors") or []]
             stats.overhead_ms = float(data.get("overhead_ms", 0.0))
+            fetch = data.get("draft_fetch") or {}
+            stats.draft_fetches, stats.draft_fetch_ms = int(fetch.get("n", 0)), float(fetch.get("sum_ms", 0.0))
             totals = data["totals"]
             loaded = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
             loaded_per_pos = [int(x) for x in totals["accepted_per_position"]]
