@@ -22,11 +22,16 @@ generated, which every greedy config reproduces) with `autotune.simulate`: the p
 acceptance per class, the recorded traces, and the acceptance autocorrelation fitted to the traces; the adaptive
 configs run the real `policies` controller, drafter-width control with the off-step mode its engine recorded
 (``catch_up`` for the fixtures' token-only drafter: a step where every depth is 0 skips the drafter, prompt steps
-too, and a request replays what it missed when it drafts again). Beyond the fit (`autotune.simulate.profile_terms`):
+too, and a request replays what it missed when it drafts again). Steps are priced at the profile launches' per-shape
+*mean* step times (the stored fit is made of medians, a run pays the mean: `autotune.simulate.mean_cost_model` of the
+``step_means`` collected from the profile's plugin-stats.json; ``--fit-only`` keeps the stored fit and drops every
+term below). Beyond the fit (`autotune.simulate.profile_terms`):
 a skipped drafter's step costs what the profile measured (speculative launch's drafter-off steps minus the
 no-speculation launch's), the drafter's prompt tokens and catch-up replay cost the fit's per-token time times
 r/(1+r), r the drafter/target weight ratio (from the two models' config.json), and each adaptive config adds the
-scheduler plugin's own host time per step measured in its run (``overhead_ms / steps`` of its plugin statistics).
+scheduler plugin's own host time per step measured in its run (``overhead_ms / steps`` of its plugin statistics);
+and the engine core's draft fetch after each drafting step at its mean in the profile's speculative launch (the plugin
+times it since 2026-12-03; older runs: 0 unless ``--draft-fetch-ms`` gives it).
 The table gives, per concurrency, config and workload, measured and simulated tok/s and the error, twice: with the
 cost model as fitted, and with every step time multiplied by one scale fitted on the no-speculation config alone at
 that concurrency (the profile and the measured runs are different engine launches); the other configs are then
@@ -67,6 +72,38 @@ def _find_traces(root: Path) -> list[dict[str, Any]]:
         if (data.get("info") or {}).get("num_speculative_tokens"):
             traces += data.get("traces") or []
     return traces
+
+
+def _step_means(root: Path, profile: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The profile launches' decode steps as per-shape *means* (`autotune.simulate.mean_step_samples` of each
+    plugin-stats.json under ``root``, the measured phases of ``profile``): {"speculative": [...], "baseline": [...]}
+    as sample dicts; a kind is missing when no launch of it recorded statistics."""
+    from autotune.simulate import mean_step_samples
+
+    phases = [str(p["name"]) for p in profile.get("phases") or () if p.get("name")] or None
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(root.rglob("plugin-stats.json")):
+        data = json.loads(path.read_text())
+        kind = "speculative" if (data.get("info") or {}).get("num_speculative_tokens") else "baseline"
+        samples = mean_step_samples(data, phases, sequential=bool((profile.get("cost_model") or {}).get("sequential")))
+        out.setdefault(kind, []).extend(
+            {"batch_size": x.batch_size, "depth": x.depth, "step_ms": x.step_ms, "n": x.n,
+             "verified_tokens": x.verified_tokens, "drafter_ran": x.drafter_ran} for x in samples
+        )
+    return out
+
+
+def _draft_fetch(root: Path) -> dict[str, Any]:
+    """The mean time of the engine core's draft fetch in the profile's speculative launch(es), ms (the plugin times
+    it, ``draft_fetch`` in plugin-stats.json, since 2026-12-03): {"draft_fetch_ms", "draft_fetch_n"}, or {} when no
+    launch recorded one."""
+    n, total = 0, 0.0
+    for path in sorted(root.rglob("plugin-stats.json")):
+        data = json.loads(path.read_text())
+        if (data.get("info") or {}).get("num_speculative_tokens"):
+            fetch = data.get("draft_fetch") or {}
+            n, total = n + int(fetch.get("n", 0)), total + float(fetch.get("sum_ms", 0.0))
+    return {"draft_fetch_ms": total / n, "draft_fetch_n": n} if n else {}
 
 
 def _plugin_host_time(workdir: Path, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -133,6 +170,8 @@ def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
         "plugin_host_time": _plugin_host_time(workdir, bench["configs"]),
         "off_steps": _off_steps(workdir, bench["configs"]),
         "model_configs": _model_configs(profile),
+        "step_means": _step_means(workdir / "profile", profile),
+        **_draft_fetch(workdir / "profile"),
     }
 
 
@@ -208,18 +247,46 @@ def _scaled(profile: Mapping[str, Any], scale: float) -> dict[str, Any]:
     return {**profile, "cost_model": cost}
 
 
-def _terms(bundle: Mapping[str, Any], scale: float) -> Any:
-    """The step-cost terms beyond the fit for the profile scaled by ``scale`` (the bundle's model configs, else the
-    profile's model directories)."""
+def priced_profile(bundle: Mapping[str, Any], means: bool = True) -> tuple[dict[str, Any], str]:
+    """The profile the simulator prices steps with, and a note saying how. ``means`` and the bundle has the profile
+    launches' per-shape means (``step_means``): its step-cost model refitted on them (`autotune.simulate.
+    mean_cost_model`; a run pays the mean step, the profile's samples are medians), its step and baseline samples
+    replaced by the means (so the skipped-drafter step is measured on means too); else the profile as stored."""
+    from autotune.simulate import mean_cost_model
+    from policies import StepCostModel, StepSample
+
+    profile = dict(bundle["profile"])
+    stored = (bundle.get("step_means") or {}) if means else {}
+    spec = [StepSample(**x) for x in stored.get("speculative") or ()]
+    base = [StepSample(**x) for x in stored.get("baseline") or ()]
+    if not (spec and base):
+        return profile, "step times: the profile's fit on per-shape medians (no per-shape means in the bundle)"
+    model = mean_cost_model(StepCostModel.from_dict(profile["cost_model"]), spec, base)
+    profile["cost_model"] = model.to_dict()
+    profile["step_samples"] = list(stored["speculative"])
+    profile["baseline_samples"] = list(stored["baseline"])
+    return profile, (f"step times: the profile's model refitted on per-shape means of its launches' plugin statistics "
+                     f"({len(spec)} speculative, {len(base)} no-speculation shapes; the stored fit uses medians)")
+
+
+def _terms(bundle: Mapping[str, Any], scale: float, profile: Mapping[str, Any] | None = None,
+           draft_fetch_ms: float = 0.0, fetch_source: str = "") -> Any:
+    """The step-cost terms beyond the fit for ``profile`` (default the bundle's) scaled by ``scale`` (the bundle's
+    model configs, else the profile's model directories), plus ``draft_fetch_ms`` per drafting step (host time
+    outside the step window, not scaled: the profile's measured fetch, or --draft-fetch-ms; ``fetch_source`` says
+    which)."""
     from autotune.simulate import profile_terms
     from policies import StepCostModel
 
-    profile = _scaled(bundle["profile"], scale)
+    profile = _scaled(profile if profile is not None else bundle["profile"], scale)
     configs = bundle.get("model_configs") or _model_configs(profile)
     terms = profile_terms(profile, StepCostModel.from_dict(profile["cost_model"]), configs.get("target"),
                           configs.get("drafter"))
     # A measured difference of step times scales with them like the fit's coefficients.
-    return replace(terms, idle_drafter_ms=terms.idle_drafter_ms * scale)
+    terms = replace(terms, idle_drafter_ms=terms.idle_drafter_ms * scale)
+    if draft_fetch_ms > 0:
+        terms = replace(terms, draft_fetch_ms=draft_fetch_ms, draft_fetch_source=fetch_source)
+    return terms
 
 
 def _summary(rows: Sequence[Mapping[str, Any]], key: str, what: str) -> str:
@@ -235,12 +302,21 @@ def _summary(rows: Sequence[Mapping[str, Any]], key: str, what: str) -> str:
             f"{'met' if max(errors) <= 0.10 else 'NOT met'}).")
 
 
-def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
-    """Simulated vs measured per concurrency, config and workload; (markdown lines, rows). ``terms``: price what
-    the fit cannot see (skipped drafter, drafter's extra tokens, plugin host time); False: the fit alone."""
+def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
+            draft_fetch_ms: float | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """Simulated vs measured per concurrency, config and workload; (markdown lines, rows). ``terms``: price steps
+    at the profile launches' per-shape means and what the fit cannot see (skipped drafter, drafter's extra tokens,
+    plugin host time); False: the stored fit alone. ``draft_fetch_ms``: host time of the draft fetch per drafting
+    step (None: the bundle's ``draft_fetch_ms``, else 0; only with ``terms``)."""
     from autotune.simulate import ProfileTerms, fit_autocorrelation, load_traces, profile_setup, simulate
 
     runs = bundle["runs"]
+    profile, pricing = priced_profile(bundle, means=terms)
+    fetch_ms = float((bundle.get("draft_fetch_ms") or 0.0) if draft_fetch_ms is None else draft_fetch_ms)
+    fetch_source = ("host time given to the validation (--draft-fetch-ms)" if draft_fetch_ms is not None else
+                    f"measured in the profile's speculative launch, mean of {bundle.get('draft_fetch_n')} fetches")
+    if not terms:
+        fetch_ms = 0.0
     plugin_time = (bundle.get("plugin_host_time") or {}) if terms else {}
     off_steps: Mapping[str, str] = bundle.get("off_steps") or {}  # else the profile's drafter decides (catch_up)
     base_ok = runs.get(NO_SPEC) or []
@@ -258,14 +334,15 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
         names = list(bundle["workloads"])
         outputs = {n: base_ok[0][f"c{c}:{n}"] for n in names}
         phases = bundle_phases(bundle["workloads"], outputs, bundle.get("c1_requests") if c == 1 else None)
-        plain = profile_setup(bundle["profile"], phases, seed=seed)
+        plain = profile_setup(profile, phases, seed=seed)
         if traces:
             rho, statistic = fit_autocorrelation(traces, plain.acceptance.profiles, plain.max_k, seed=seed)
 
         def run(label: str, workload: str, scale: float, c: int = c, phases: Any = phases,
                 rho: float = rho) -> float:
-            setup = profile_setup(_scaled(bundle["profile"], scale), phases, autocorrelation=rho, traces=traces,
-                                  seed=seed, terms=_terms(bundle, scale) if terms else ProfileTerms())
+            priced = _terms(bundle, scale, profile, fetch_ms, fetch_source) if terms else ProfileTerms()
+            setup = profile_setup(_scaled(profile, scale), phases, autocorrelation=rho, traces=traces, seed=seed,
+                                  terms=priced)
             plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
             config = _sim_config(bundle["configs"][label], setup, plugin_ms, off_steps.get(label))
             sim = simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,
@@ -305,8 +382,9 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True) -> 
         f"acceptance autocorrelation rho={rho:.2f} fitted to the traces (lag-1 correlation {statistic:.2f}). "
         + " ".join(notes),
         "",
-        f"Beyond the fit (as is): {_terms(bundle, 1.0).describe() if terms else 'nothing (--fit-only)'}; plugin host "
-        "time per step, measured in each adaptive run: "
+        f"Beyond the fit (as is): {pricing}; "
+        + (_terms(bundle, 1.0, profile, fetch_ms, fetch_source).describe() if terms else "nothing (--fit-only)")
+        + "; plugin host time per step, measured in each adaptive run: "
         + (", ".join(f"{label} {v['ms_per_step']:.3f} ms ({v['overhead_ms']:.0f} ms over {v['steps']} steps, "
                      f"{v['source']})" for label, v in plugin_time.items()) or "none")
         + "; drafter-width off-steps: "
@@ -346,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-only", action="store_true",
                         help="price steps with the profile's fit alone (no skipped-drafter, drafter-token or plugin "
                              "terms), to see what the terms change")
+    parser.add_argument("--draft-fetch-ms", type=float, default=None,
+                        help="host time of the engine core's draft fetch after each drafting step, ms (default: the "
+                             "mean the profile's plugin statistics recorded, else 0)")
     parser.add_argument("--out", type=Path, default=None, help="also write the comparison (markdown) here")
     args = parser.parse_args(argv)
     if args.engine or args.runtime_workdir is not None:
@@ -354,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         args.bundle.write_text(json.dumps(bundle))
         print(f"Wrote {args.bundle} ({time.perf_counter() - started:.0f} s)", flush=True)
     bundle = json.loads(args.bundle.read_text())
-    lines, _ = compare(bundle, seed=args.seed, terms=not args.fit_only)
+    lines, _ = compare(bundle, seed=args.seed, terms=not args.fit_only, draft_fetch_ms=args.draft_fetch_ms)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

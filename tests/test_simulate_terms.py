@@ -25,12 +25,14 @@ from autotune.simulate import (
     drafter_token_ms,
     drafter_token_ratio,
     idle_drafter_ms,
+    mean_cost_model,
+    mean_step_samples,
     off_step_mode,
     params_per_token,
     profile_terms,
     simulate,
 )
-from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel
+from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, StepSample
 
 ALWAYS = AcceptanceProfile.from_survival([1.0] * 4)
 NEVER = AcceptanceProfile.from_survival([0.0] * 4)
@@ -399,3 +401,61 @@ def test_an_exploration_replays_only_the_explorers_missed_tokens() -> None:
     assert [s.drafter_idle for s in rec.shapes[:3]] == [True] * 3
     assert rec.shapes[3].catch_up_tokens == 5 and rec.shapes[4].catch_up_tokens == 6
     assert run.catch_up_tokens == 11
+
+
+# ------------------------------------------------------------------------------------ per-shape means, refitted
+def _stats(costs: list[dict[str, Any]], k: int = 4, skips: bool = True) -> dict[str, Any]:
+    return {"info": {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": skips}}, "step_costs": costs}
+
+
+def _cost(phase: str, b: int, d: int | None, v: int, dd: int, n: int, total: float) -> dict[str, Any]:
+    return {"phase": phase, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd, "n": n,
+            "sum_ms": total, "samples_ms": []}
+
+
+def test_mean_step_samples_pool_a_shape_at_its_mean_not_its_median() -> None:
+    # Depth 1 at B = 1: 3 steps of 5, 5, 8 ms drafting 1 slot and one of 6 ms drafting 4: median 5, mean 24/4 = 6.
+    stats = _stats([
+        _cost("c1", 1, 1, 2, 1, 3, 18.0), _cost("c1", 1, 1, 2, 4, 1, 6.0),
+        _cost("c1", 1, 0, 1, 0, 2, 7.0),  # a skipped drafter: drafter_ran False
+        _cost("warmup", 1, 1, 2, 1, 5, 500.0),  # warm-up steps are not measured
+        _cost("c1", 1, None, 40, 4, 1, 30.0),  # a step with prompt tokens: not a decode sample
+    ])
+    samples = mean_step_samples(stats)
+    assert [(s.batch_size, s.depth, s.n, s.drafter_ran) for s in samples] == [(1, 0, 2, False), (1, 1, 4, True)]
+    assert [s.step_ms for s in samples] == pytest.approx([3.5, 6.0])
+    assert [s.step_ms for s in mean_step_samples(stats, ["warmup"])] == pytest.approx([100.0])
+
+
+def test_mean_step_samples_of_a_baseline_and_of_sequential_drafting() -> None:
+    base = _stats([{**_cost("c1", 2, 0, 2, 0, 4, 0.0), "sum_ms": None, "mean_ms": 3.25}], k=0, skips=False)
+    assert [(s.step_ms, s.n, s.drafter_ran) for s in mean_step_samples(base)] == [(pytest.approx(3.25), 4, False)]
+    seq = _stats([_cost("c1", 1, 2, 3, 2, 2, 12.0), _cost("c1", 1, 2, 3, 4, 2, 20.0)], skips=False)
+    assert [s.step_ms for s in mean_step_samples(seq, sequential=True)] == pytest.approx([6.0])  # drafted its depth
+    assert [s.step_ms for s in mean_step_samples(seq)] == pytest.approx([8.0])
+
+
+def test_mean_cost_model_refits_the_same_form_and_prices_the_means() -> None:
+    truth = StepCostModel({"base": 3.0, "per_request": 0.5, "per_verified_token": 0.25, "drafter_fixed": 2.0,
+                           "drafter_per_request": 0.4}, forgetting=0.9)
+    spec = [StepSample(b, k, truth.predict_tokens(b, b * (k + 1), True, k), n=10, verified_tokens=b * (k + 1),
+                       drafter_ran=True) for b in (1, 2, 4) for k in range(4)]
+    base = [StepSample(b, 0, truth.predict_tokens(b, b, False), n=50, verified_tokens=b, drafter_ran=False)
+            for b in (1, 2, 4)]
+    model = mean_cost_model(truth, spec, base)
+    assert (model.sequential, model.forgetting) == (False, 0.9)
+    # Exact samples of a linear model: the refit gives it back, e.g. B = 1, depth 1: 3 + 0.5 + 2 x 0.25 + 2 + 0.4.
+    assert model.predict_tokens(1, 2, True, 1) == pytest.approx(6.4, rel=1e-6)
+    assert model.predict_tokens(4, 4, False) == pytest.approx(3.0 + 2.0 + 1.0, rel=1e-6)
+
+
+def test_the_draft_fetch_is_paid_after_a_drafting_step_only() -> None:
+    # 10 ms step, 4 ms drafter, 0.16 ms fetch: a drafting step 14.16, a skipped drafter's step (the plugin skips the
+    # fetch after an off-step) and a plain engine's step 10.
+    cost = FittedStepCost(BASE, draft_fetch_ms=0.16)
+    assert cost.step_ms(StepShape(1, 2, 1, 50.0)) == pytest.approx(14.16)
+    assert cost.step_ms(StepShape(1, 1, 0, 50.0, drafter_idle=True)) == pytest.approx(10.0)
+    assert cost.step_ms(StepShape(1, 1, 0, 50.0)) == pytest.approx(10.0)
+    assert "draft fetch" in cost.label
+    with pytest.raises(UsageError, match="draft_fetch_ms"):
+        FittedStepCost(BASE, draft_fetch_ms=-0.1)

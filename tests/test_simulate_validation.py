@@ -112,3 +112,55 @@ def test_profile_setup_takes_the_off_step_mode_of_the_profiles_drafter() -> None
     assert profile_setup({**PROFILE, "method": "draft_model"}, phases).off_steps == "catch_up"  # token-only
     assert profile_setup({**PROFILE, "method": "eagle3"}, phases).off_steps == "sync_pass"
     assert profile_setup(PROFILE, phases, off_steps="holes").off_steps == "holes"  # as an engine recorded it
+
+
+def _means(model: StepCostModel) -> dict[str, list[dict[str, Any]]]:
+    """Per-shape means as bundle_from_runtime stores them, exact for ``model`` (speculative and baseline launch)."""
+    def sample(b: int, k: int, ran: bool) -> dict[str, Any]:
+        return {"batch_size": b, "depth": k, "step_ms": model.predict_tokens(b, b * (k + 1), ran, k), "n": 20,
+                "verified_tokens": b * (k + 1), "drafter_ran": ran}
+
+    return {"speculative": [sample(b, k, True) for b in (1, 2, 4, 8) for k in range(5)],
+            "baseline": [sample(b, 0, False) for b in (1, 4, 8)]}
+
+
+def test_steps_are_priced_at_the_profile_launches_means_when_the_bundle_has_them() -> None:
+    validate = _module("validate_simulate")
+    bundle = _synthetic_bundle(validate)
+    # The profile's launches ran each shape 10% slower on average than its (median) fit says: priced at the means,
+    # the simulator matches the 'measured' runs as is; the stored fit alone (--fit-only) stays 10% fast.
+    bundle["step_means"] = _means(StepCostModel({k: v * SLOWER for k, v in COST.coefficients.items()}))
+    profile, note = validate.priced_profile(bundle)
+    assert StepCostModel.from_dict(profile["cost_model"]).predict_tokens(2, 6, True, 2) == pytest.approx(
+        SLOWER * COST.predict_tokens(2, 6, True, 2), rel=1e-6)
+    assert "per-shape means" in note and bundle["profile"] is PROFILE  # the stored profile is left as it is
+    _, rows = validate.compare(bundle)
+    assert all(abs(r["error_raw"]) < 0.005 for r in rows), rows
+    _, fit_only = validate.compare(bundle, terms=False)
+    assert all(r["error_raw"] == pytest.approx(SLOWER - 1.0, abs=0.005) for r in fit_only)
+    assert validate.priced_profile({"profile": PROFILE})[0] == PROFILE  # no means recorded: the fit as stored
+
+
+def test_bundle_collects_the_profile_launches_per_shape_means(tmp_path: Path) -> None:
+    import json
+
+    validate = _module("validate_simulate")
+    bench = {"date": "d", "load_before": "0", "load_after": "0", "concurrencies": [1], "max_k": 4, "c1_requests": 12,
+             "workloads": {}, "configs": {"no speculation": {"kind": "none"}}}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "profile.json").write_text(json.dumps({**PROFILE, "phases": [{"name": "c1"}]}))
+    (tmp_path / "rounds.json").write_text("{}")
+
+    def launch(name: str, k: int, costs: list[tuple[str, int, int, int, float]]) -> None:
+        (tmp_path / "profile" / name).mkdir(parents=True)
+        (tmp_path / "profile" / name / "plugin-stats.json").write_text(json.dumps({
+            "info": {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": True}},
+            "step_costs": [{"phase": ph, "batch_size": 1, "depth": d, "verified_tokens": d + 1, "drafting_depth": d,
+                            "n": n, "sum_ms": ms, "samples_ms": []} for ph, d, _, n, ms in costs]}))
+
+    launch("run-a", 4, [("c1", 1, 0, 4, 22.0), ("warmup", 1, 0, 1, 90.0)])  # 4 steps, 22 ms: mean 5.5
+    launch("run-b", 0, [("c1", 0, 0, 10, 33.0)])  # no speculation: 3.3 ms
+    means = validate.bundle_from_runtime(tmp_path)["step_means"]
+    assert [(x["depth"], x["n"], x["drafter_ran"]) for x in means["speculative"]] == [(1, 4, True)]
+    assert means["speculative"][0]["step_ms"] == pytest.approx(5.5)
+    assert [(x["step_ms"], x["drafter_ran"]) for x in means["baseline"]] == [(pytest.approx(3.3), False)]

@@ -72,7 +72,15 @@ from autotune.simulate._store import (
     simulation_study_name,
     store_simulation,
 )
-from autotune.simulate._terms import ProfileTerms, drafter_token_ms, idle_drafter_ms, model_config, profile_terms
+from autotune.simulate._terms import (
+    ProfileTerms,
+    drafter_token_ms,
+    idle_drafter_ms,
+    mean_cost_model,
+    mean_step_samples,
+    model_config,
+    profile_terms,
+)
 
 __all__ = [
     "CONFIG_KINDS",
@@ -116,6 +124,8 @@ __all__ = [
     "load_simulation",
     "load_traces",
     "mean_context",
+    "mean_cost_model",
+    "mean_step_samples",
     "model_config",
     "off_step_mode",
     "oracle_result",

@@ -15,10 +15,11 @@ that; a `StepCostSource` prices it. Two sources:
   prefill pass would count them twice.
 - `FittedStepCost`: a measured `policies.StepCostModel` fit (what ``peagle-tune profile`` stores): its
   ``predict_tokens(B, V, drafter_ran, D)``, with prompt tokens priced like verified tokens (one forward pass over
-  all of them), plus three terms the fit (decode-only steps, drafter at full width or plainly off) cannot see: the
+  all of them), plus terms the fit (decode-only steps, drafter at full width or plainly off) cannot see: the
   drafter's replay of the tokens it missed in off-steps (``drafter_token_ms`` each), the cost of a speculative
-  engine's step whose drafter is skipped over a plain engine's (``idle_drafter_ms``), and an optional constant
-  per-step host time outside the measured step window.
+  engine's step whose drafter is skipped over a plain engine's (``idle_drafter_ms``), and host time outside the
+  measured step window: an optional constant per step, and the engine core's fetch of the drafts after a step whose
+  drafter ran (``draft_fetch_ms``).
 
 `drafter_token_ratio` derives the drafter's cost per token relative to the target's from the two models' shapes.
 
@@ -125,18 +126,23 @@ class FittedStepCost:
       to the replay (or is never paid).
     - ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step from
       ``schedule()`` to ``update_from_output()``; output processing between steps is not in it).
+    - ``draft_fetch_ms``: host time per step whose drafter ran, outside that window: vLLM's engine core fetches the
+      step's drafts from the workers after it (``EngineCore.post_step`` -> ``take_draft_token_ids``, one more RPC
+      with a multiprocess executor; the plugin skips it after an off-step). A property of the host and executor,
+      not of the fit: 0 unless measured for that host.
     """
 
     def __init__(self, model: StepCostModel, *, label: str = "fitted step-cost model", step_overhead_ms: float = 0.0,
-                 drafter_token_ms: float = 0.0, idle_drafter_ms: float = 0.0):
+                 drafter_token_ms: float = 0.0, idle_drafter_ms: float = 0.0, draft_fetch_ms: float = 0.0):
         for name, value in (("step_overhead_ms", step_overhead_ms), ("drafter_token_ms", drafter_token_ms),
-                            ("idle_drafter_ms", idle_drafter_ms)):
+                            ("idle_drafter_ms", idle_drafter_ms), ("draft_fetch_ms", draft_fetch_ms)):
             if not (math.isfinite(value) and value >= 0):
                 raise UsageError(f"{name} must be a finite number >= 0, but got {value}.")
         self.model = model
         self.step_overhead_ms = float(step_overhead_ms)
         self.drafter_token_ms = float(drafter_token_ms)
         self.idle_drafter_ms = float(idle_drafter_ms)
+        self.draft_fetch_ms = float(draft_fetch_ms)
         self._per_token = float(model.coefficients.get("per_verified_token", 0.0))  # the fit's target + drafter
         self._label = label
 
@@ -147,6 +153,8 @@ class FittedStepCost:
             parts.append(f"{self.drafter_token_ms:.3g} ms per extra drafter token")
         if self.idle_drafter_ms:
             parts.append(f"{self.idle_drafter_ms:.3g} ms per skipped-drafter step")
+        if self.draft_fetch_ms:
+            parts.append(f"{self.draft_fetch_ms:.3g} ms draft fetch per drafting step")
         if self.step_overhead_ms:
             parts.append(f"{self.step_overhead_ms:.3g} ms/step host time")
         return " + ".join(parts)
@@ -161,7 +169,7 @@ class FittedStepCost:
         )
         ms = max(ms, 1e-3) + self.step_overhead_ms
         if ran:
-            ms += self.drafter_token_ms * shape.catch_up_tokens
+            ms += self.drafter_token_ms * shape.catch_up_tokens + self.draft_fetch_ms
         elif shape.drafter_idle:
             ms += self.idle_drafter_ms
             if shape.drafter_skips_prompt:

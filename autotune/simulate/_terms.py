@@ -13,19 +13,33 @@ prices a drafter-off step of a speculative engine like a no-speculation step. Tw
   the slope comes from speculative steps of different depths), split in the ratio r of the two models' weights per
   token (`drafter_token_ratio`, how a compute-bound device such as a CPU prices a token): ``per_verified_token *
   r / (1 + r)``.
+
+And one refit: `mean_cost_model`. The profile's samples are the *median* step time per shape, but a run's duration
+is the sum of its steps, i.e. their *mean* times the count, and CPU steps have a tail (the profile's speculative
+launch at B = 1, depth 1: median 5.47 ms, mean 5.67 ms). The plugin statistics of the profile's launches record each
+shape's sum and count, so the simulator can refit the same linear model on the per-shape means
+(`mean_step_samples`) and price steps as a run pays them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.engine import model_config_json
 from autotune.simulate._cost import drafter_token_ratio
-from policies import StepCostModel
+from policies import StepCostModel, StepSample
 
-__all__ = ["ProfileTerms", "drafter_token_ms", "idle_drafter_ms", "model_config", "profile_terms"]
+__all__ = [
+    "ProfileTerms",
+    "drafter_token_ms",
+    "idle_drafter_ms",
+    "mean_cost_model",
+    "mean_step_samples",
+    "model_config",
+    "profile_terms",
+]
 
 
 def _get(sample: Any, key: str) -> Any:
@@ -59,6 +73,48 @@ def idle_drafter_ms(step_samples: Iterable[Any], baseline_samples: Iterable[Any]
     return max(excess / weight, 0.0), weight
 
 
+def mean_step_samples(
+    stats: Mapping[str, Any], phases: Iterable[str] | None = None, *, sequential: bool = False
+) -> list[StepSample]:
+    """A launch's decode steps as `StepSample`s with each shape's *mean* step time (ms, measured).
+
+    ``stats``: the plugin statistics of one launch (a ``plugin-stats.json`` document: ``info`` and ``step_costs``,
+    each entry with ``batch_size``, ``depth``, ``verified_tokens``, ``drafting_depth``, ``n`` and ``sum_ms`` or
+    ``mean_ms``). Pooled the way `policies.plugin.PluginStats.step_samples` pools them (phases ``phases``, default
+    every phase but ``warmup``; steps with prompt tokens, ``depth`` None, left out; ``sequential``: keyed by drafting
+    depth and only steps that drafted their verified depth), but each sample is ``sum of step times / steps`` instead
+    of the median: what a run of that shape pays per step."""
+    info = stats.get("info") or {}
+    speculative = int(info.get("num_speculative_tokens", 1) or 0) != 0
+    skips = bool((info.get("drafter_width") or {}).get("skip_drafter"))
+    wanted = None if phases is None else set(phases)
+    pooled: dict[tuple[int, int, int, bool], tuple[int, float]] = {}
+    for e in stats.get("step_costs") or ():
+        phase = str(e.get("phase"))
+        if (phase == "warmup" if wanted is None else phase not in wanted) or e.get("depth") is None:
+            continue
+        d, dd, n = int(e["depth"]), int(e.get("drafting_depth") or 0), int(e["n"])
+        if sequential and dd != d:
+            continue
+        if n <= 0:
+            continue
+        total = float(e["sum_ms"]) if e.get("sum_ms") is not None else float(e["mean_ms"]) * n
+        ran = speculative and (dd > 0 or not skips)
+        key = (int(e["batch_size"]), d, int(e["verified_tokens"]), ran)
+        count, ms = pooled.get(key, (0, 0.0))
+        pooled[key] = (count + n, ms + total)
+    return [StepSample(b, d, ms / n, n=n, verified_tokens=v, drafter_ran=ran)
+            for (b, d, v, ran), (n, ms) in sorted(pooled.items())]
+
+
+def mean_cost_model(
+    like: StepCostModel, speculative: Sequence[StepSample], baseline: Sequence[StepSample]
+) -> StepCostModel:
+    """The profile's linear step-cost model refitted on per-shape means (`mean_step_samples` of its speculative and
+    its no-speculation launch), with ``like``'s form (``sequential``, ``forgetting``): see the module docstring."""
+    return StepCostModel.fit([*speculative, *baseline], sequential=like.sequential, forgetting=like.forgetting)
+
+
 def drafter_token_ms(cost_model: StepCostModel, target: Mapping[str, Any], drafter: Mapping[str, Any]) -> float:
     """The drafter's ms per replayed token: the fit's ``per_verified_token`` x r / (1 + r), r =
     `drafter_token_ratio` (see the module docstring)."""
@@ -79,12 +135,15 @@ def model_config(path_or_name: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class ProfileTerms:
-    """The two terms for one profile and where each came from (``None`` source: not available, priced 0)."""
+    """The terms for one profile and where each came from (``None`` source: not available, priced 0)."""
 
     idle_drafter_ms: float = 0.0
     idle_drafter_source: str | None = None
     drafter_token_ms: float = 0.0
     drafter_token_source: str | None = None
+    draft_fetch_ms: float = 0.0
+    """Host time of the drafts' fetch after a drafting step (`FittedStepCost`); not in a profile: 0 unless given."""
+    draft_fetch_source: str | None = None
 
     def describe(self) -> str:
         parts = []
@@ -92,6 +151,8 @@ class ProfileTerms:
             parts.append(f"skipped-drafter step +{self.idle_drafter_ms:.2f} ms ({self.idle_drafter_source})")
         if self.drafter_token_source:
             parts.append(f"drafter {self.drafter_token_ms:.4f} ms per extra token ({self.drafter_token_source})")
+        if self.draft_fetch_source:
+            parts.append(f"draft fetch {self.draft_fetch_ms:.3f} ms per drafting step ({self.draft_fetch_source})")
         return "; ".join(parts) if parts else "no terms beyond the fit"
 
 
