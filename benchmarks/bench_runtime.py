@@ -55,13 +55,20 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = REPO / "tests" / "fixtures" / "models"
 DEFAULT_WORKLOAD = REPO / "examples" / "workloads" / "fixture.jsonl"
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "runtime.md"
-ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0}
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+KV_CACHE_BYTES = 256 * 2**20
+"""KV cache per engine (vLLM's ``kv_cache_memory_bytes``; VLLM_CPU_KVCACHE_SPACE, whole GiB, would override it and is
+removed from the engines' environment). The fixtures need 12 KiB a token (target 8, drafter 4; float32), 48 MiB for
+8 requests of 512 tokens. With 1 GiB each (runs before 2026-12-03 19:00) a worker held ~1.9 GB and 8 resident
+engines left the 24 GiB box with little free memory; with 256 MiB a worker holds ~1.0 GB."""
+ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0,
+                                 "kv_cache_memory_bytes": KV_CACHE_BYTES}
+ENGINE_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 PREDICTABLE, ENTROPIC = "predictable", "entropic"
 POLL_S = 0.05
 NO_SPEC = "no speculation"
 ENGINE_GIB = 2.5
-"""Resident memory per loaded engine with the fixtures (measured: worker ~1.8 GB + engine core ~0.45 GB), GiB."""
+"""Resident memory per loaded engine with the fixtures, GiB: worker ~1.0 GB (with `KV_CACHE_BYTES`), engine core
+~0.65 GB and the driver process ~0.65 GB (RSS, measured 2026-12-03; shared library pages counted in each)."""
 
 
 # ================================================================================================= worker side
@@ -148,6 +155,7 @@ class Engine:
         job_path, self.log = self.dir / "job.json", self.dir / "engine.log"
         job_path.write_text(json.dumps(job))
         full_env = dict(os.environ)
+        full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override KV_CACHE_BYTES
         full_env.update(ENGINE_ENV)
         full_env.update(env)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path), str(self.dir)]
@@ -376,13 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     engines = [Engine(label, j, env, workdir) for label, j, env in configs]
     rounds: dict[str, list[dict[str, Any]]] = {e.label: [] for e in engines}
     notes: list[str] = []
+    loaded_gib: float | None = None
     try:
         deadline = time.monotonic() + args.timeout
         for e in engines:
             if e.wait_for("ready.json", deadline) is None:
                 print(f"  {e.label} FAILED to load: {e.failure}", flush=True)
         live = [e for e in engines if e.failure is None]
-        print(f"Loaded ({time.perf_counter() - started:.0f} s since start). Load: {uptime()}", flush=True)
+        avail = available_memory_gib()
+        loaded_gib = None if avail is None else round(avail, 1)
+        print(f"Loaded ({time.perf_counter() - started:.0f} s since start). Load: {uptime()}; available memory "
+              f"{loaded_gib} GiB", flush=True)
         for rnd in range(args.rounds):
             shift = rnd % len(live) if live else 0
             for e in live[shift:] + live[:shift]:
@@ -408,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     (workdir / "rounds.json").write_text(json.dumps(rounds))
     (workdir / "bench.json").write_text(json.dumps({
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load_before": load_before,
-        "load_after": load_after, "concurrencies": concs, "max_k": kmax, "c1_requests": args.c1_requests,
+        "load_after": load_after, "available_gib_loaded": loaded_gib, "concurrencies": concs, "max_k": kmax,
+        "c1_requests": args.c1_requests,
         "workloads": workloads, "configs": kinds,
     }))
     # ---- figures --------------------------------------------------------------------------------------------
@@ -453,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"Environment: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                  f"{env['device']}, vLLM {env['vllm_version']}, torch {env['torch_version']}, "
                  f"Python {platform.python_version()}; {dt.date.today().isoformat()}.")
-    lines.append(f"Load before: `{load_before}`; after: `{load_after}`.")
+    lines.append(f"Load before: `{load_before}`; after: `{load_after}`. Available memory with every engine loaded: "
+                 f"{loaded_gib} GiB.")
     lines.append(f"Models: {args.models} (target + {args.drafter}, draft_model + parallel_drafting), K_max={kmax}, "
                  f"offline vllm.LLM engine (max_num_seqs {c}), float32, greedy.")
     n = len(workloads["shifting"][0])
