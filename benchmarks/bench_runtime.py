@@ -27,8 +27,9 @@ every configuration and slows the 2-core box down):
 
 Protocol: all engines are loaded first and stay up; then ``--rounds`` rounds, each running every configuration once
 (one after the other, the order rotated each round), so a slow period of the shared machine hits every
-configuration. All engines are resident at once (~2.5 GiB each with the fixtures; the script refuses to start
-when ``MemAvailable`` is below that times the number of configurations).
+configuration. Before its round an engine waits `SETTLE_S` and runs an untimed burst (the engine before it still
+spins for a second, and its own caches are cold). All engines are resident at once (~2.5 GiB each with the
+fixtures; the script refuses to start when ``MemAvailable`` is below that times the number of configurations).
 Figures are the median over rounds with min-max. ``uptime``'s load average is recorded before and after.
 
 Figures: output tokens/s = generated tokens / wall time of the workload (all its phases), measured. The requests
@@ -65,6 +66,9 @@ ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "enfo
 ENGINE_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
 PREDICTABLE, ENTROPIC = "predictable", "entropic"
 POLL_S = 0.05
+SETTLE_S = 1.5
+"""Seconds an engine waits before its round: vLLM's shared-memory readers busy-poll for 1 s after their last read
+(``SpinCondition.busy_loop_s``), so the engine that ran before still takes a core that long."""
 NO_SPEC = "no speculation"
 ENGINE_GIB = 2.5
 """Resident memory per loaded engine with the fixtures, GiB: worker ~1.0 GB (with `KV_CACHE_BYTES`), engine core
@@ -102,6 +106,12 @@ def run_worker(job_path: Path, run_dir: Path) -> int:
         go = run_dir / f"go-{rnd}"
         while not go.exists():
             time.sleep(POLL_S)
+        # The engine that ran before this one keeps its worker spinning for SETTLE_S after its last request, and this
+        # engine's pages and caches are cold: settle, then an untimed burst (the first timed phase after a switch
+        # ran at 0.57-0.66x of the same phase in rounds where it came later, in three runs on 2026-12-03).
+        time.sleep(SETTLE_S)
+        llm.generate([r["prompt"] for r in warm], [params(r, "warmup", 8) for r in warm], use_tqdm=False)
+        llm.reset_prefix_cache()
         out: dict[str, Any] = {}
         # Alternate the order of concurrencies and workloads between rounds.
         for c in concurrencies if rnd % 2 == 0 else concurrencies[::-1]:
@@ -475,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"3 x {n} mixed requests; max_tokens {workload.classes[PREDICTABLE][0].max_tokens} + "
                  f"{list(LENGTH_OFFSETS)} by position in a phase. At c=1 the "
                  f"first {args.c1_requests} requests of each phase, one at a time. {n_rounds} rounds; each round "
-                 "runs every configuration once (order rotated); figures: median (min-max) over rounds.")
+                 f"runs every configuration once (order rotated; each starts after {SETTLE_S} s and an untimed burst); "
+                 "figures: median (min-max) over rounds.")
     fe = prof.fit_error or {}
     lines.append(
         "Profile (measured): AL(K) per class "
