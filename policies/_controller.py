@@ -23,15 +23,18 @@ independent of B. A new plan replaces the current one only if its predicted good
 same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan has been preferred for ``patience``
 consecutive steps.
 
-Switching the drafter on. With drafter-width control an idle drafter is skipped; turning it back on costs one extra
-drafter pass (it replays the tokens generated while it was off). So a plan that turns it on must beat the current one
-by the hysteresis plus that pass spread over a drafting run (``run_steps``, then the mean length of the controller's
-own runs): a batch where speculation only breaks even stays off instead of flapping.
+Switching the drafter on. With drafter-width control an idle drafter is skipped; turning it back on costs a catch-up:
+the drafter replays the tokens generated while it was off. It is priced at one drafter pass over the batch until the
+controller has measured such a step (`catch_up_ms`: the step's time beyond a drafting step of its shape, per request
+turned on; those steps stay out of the step-cost fit). A plan that turns the drafter on must beat the current one by
+the hysteresis plus that catch-up spread over a drafting run (``run_steps``, then the mean length of the
+controller's own runs): a batch where speculation only breaks even stays off instead of flapping.
 
 Exploration. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap, so
 acceptance at positions the plan no longer verifies keeps being measured (at K=0 nothing would be measured and only
 the estimator's slow drift back to its prior would ever restart speculation). While the drafter is off an exploration
-also pays two drafter passes, so it happens only as often as keeps that within ``explore_budget`` of the step time.
+also pays its catch-up and a drafter pass, so it happens only as often as keeps that within ``explore_budget`` of
+the step time.
 
 Robustness. `decide` raises ordinary exceptions (never swallows them); a caller that must not fail uses
 `decide_or_fallback`, which returns the static depth (`fallback_depth`) with ``fallback=True``.

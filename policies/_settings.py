@@ -18,7 +18,8 @@ class ControllerSettings:
     patience: int = 32
     """...or when the same new plan has been preferred for this many consecutive steps."""
     refresh_every: int = 16
-    """Rebuild the per-class AL tables and cost coefficients every this many decisions."""
+    """Rebuild the per-class AL tables every this many decisions (and re-solve the cost coefficients every fourth
+    time)."""
     per_request: bool = True
     """Choose depths per request class (True) or one uniform depth for the batch (False)."""
     drafter_always_runs: bool = True
@@ -26,8 +27,9 @@ class ControllerSettings:
     explore_every: int = 16
     """Every this many steps, one request per class below its cap verifies at its cap (0: never)."""
     explore_budget: float = 0.02
-    """While the drafter is off (drafter-width control), explore only as often as keeps the exploration cost (two
-    drafter passes and the extra verified tokens) within this fraction of the step time (0: never while off)."""
+    """While the drafter is off (drafter-width control), explore only as often as keeps the exploration cost (its
+    catch-up, measured once seen, a drafter pass and the extra verified tokens) within this fraction of the step time
+    (0: never while off)."""
     run_steps: float = 16.0
     """Prior mean length of a drafting run, decisions: turning an idle drafter on must gain its catch-up pass over
     this many steps (the controller then learns the length from its own runs)."""
