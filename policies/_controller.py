@@ -15,13 +15,12 @@ the (class, position) gains once and sweeping prefixes gives the exact optimum f
 class with the same cap/floor are one cohort, so a step costs O(classes * max_k), not O(B * max_k). For sequential
 drafting the drafter cost grows with the deepest request D, so the sweep runs once per D.
 
-Stability and cost. Per-class AL tables are refreshed every ``refresh_every`` decisions, not every step, and the
-cost coefficients (a least-squares solve) every `_COST_SOLVE_EVERY`-th of those refreshes; between refreshes the
-optimisation is re-run only when ``reoptimize_churn`` (5%) of the batch has changed, otherwise the last optimum is
-re-priced on the current batch. A `TrackedBatch` (kept up to date by the scheduler's add/remove) makes a step
-independent of B. A new plan replaces the current one only if its predicted goodput beats the current plan's (on the
-same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan has been preferred for ``patience``
-consecutive steps.
+Stability and cost. Per-class AL tables and the cost coefficients are refreshed every ``refresh_every`` decisions,
+not every step; between refreshes the optimisation is re-run only when ``reoptimize_churn`` (5%) of the batch has
+changed, otherwise the last optimum is re-priced on the current batch. A `TrackedBatch` (kept up to date by the
+scheduler's add/remove) makes a step independent of B. A new plan replaces the current one only if its predicted
+goodput beats the current plan's (on the same batch) by more than ``hysteresis`` (e.g. 3%), or if the same new plan
+has been preferred for ``patience`` consecutive steps.
 
 Switching the drafter on. With drafter-width control an idle drafter is skipped; turning it back on costs a catch-up:
 the drafter replays the tokens generated while it was off. It is priced at one drafter pass over the batch until the
@@ -43,7 +42,6 @@ Everything `decide` reports (goodput, step time) is predicted.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -63,13 +61,6 @@ __all__ = ["DepthController"]
 _OUTLIER_FACTOR = 4.0
 """A pooled step shape slower than this many times the cost model's prediction is not learnt (see
 `DepthController._learn_step_costs`)."""
-
-_COST_SOLVE_EVERY = 4
-"""The periodic refresh (every ``refresh_every`` decisions) re-solves the cost model only every this many times
-(every 64 decisions at the default 16). The solve is about two thirds of a refresh (~0.2 ms of ~0.36 ms in the plugin
-benchmark at batch 8), and the coefficients move slowly: measured steps are pooled and fed every refresh, and the
-model forgets 1% per pooled update. An explicit `DepthController.refresh` always solves."""
-
 
 @dataclass
 class _Tables:
@@ -122,7 +113,6 @@ class DepthController:
         self.settings = settings
         self._tables: _Tables | None = None
         self._decisions = 0
-        self._refreshes = 0  # periodic refreshes so far (`_COST_SOLVE_EVERY`)
         self._plan: dict[str, int] = {}
         self._candidate: dict[str, int] | None = None
         self._streak = 0
@@ -164,8 +154,7 @@ class DepthController:
         self._decisions += 1
         refreshed = False
         if self._tables is None or self._decisions % self.settings.refresh_every == 0:
-            self._refreshes += 1
-            self.refresh(costs=self._tables is None or self._refreshes % _COST_SOLVE_EVERY == 0)
+            self.refresh()
             refreshed = True
         tables = self._tables
         assert tables is not None
@@ -352,22 +341,17 @@ class DepthController:
             if not (is_slow and outvoted):
                 model.update(sample)
 
-    def refresh(self, costs: bool = True) -> None:
-        """Rebuild the per-class AL tables from the estimator now, and the cost coefficients from the cost model
-        (``costs``; otherwise the last tables' coefficients are kept, while measured steps are still fed to it)."""
+    def refresh(self) -> None:
+        """Rebuild the per-class AL tables and cost coefficients from the estimator and the cost model now."""
         if self._pending_samples:
             self._learn_step_costs()
-        last = self._tables
-        if costs or last is None:
-            c = self.cost_model.coefficients
-            tables = _Tables(
-                al={}, order=[],
-                base_ms=c["base"], per_request_ms=c["per_request"], per_token_ms=c["per_verified_token"],
-                drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
-                per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
-            )
-        else:
-            tables = dataclasses.replace(last, al={}, order=[])
+        c = self.cost_model.coefficients
+        tables = _Tables(
+            al={}, order=[],
+            base_ms=c["base"], per_request_ms=c["per_request"], per_token_ms=c["per_verified_token"],
+            drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
+            per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
+        )
         classes = set(self.estimator.classes())
         if self._tables is not None:
             classes |= set(self._tables.al)

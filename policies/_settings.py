@@ -18,8 +18,7 @@ class ControllerSettings:
     patience: int = 32
     """...or when the same new plan has been preferred for this many consecutive steps."""
     refresh_every: int = 16
-    """Rebuild the per-class AL tables every this many decisions (and re-solve the cost coefficients every fourth
-    time)."""
+    """Rebuild the per-class AL tables and cost coefficients every this many decisions."""
     per_request: bool = True
     """Choose depths per request class (True) or one uniform depth for the batch (False)."""
     drafter_always_runs: bool = True
