@@ -151,6 +151,13 @@ def test_no_draft_fetch_from_the_workers_after_an_off_step_and_every_fetch_is_ti
     always = Executor()  # trimming or static depth: every step fetches, and is timed
     assert wrap_draft_fetch(always, None, timed.append)
     assert always.take_draft_token_ids() == "drafts" and len(timed) == 2
+
+    def broken(ms: float) -> None:
+        raise RuntimeError("stats")
+
+    guarded = Executor()  # a failing record never costs the engine its drafts
+    assert wrap_draft_fetch(guarded, None, broken)
+    assert guarded.take_draft_token_ids() == "drafts"
     pipelined = Executor()
     pipelined.max_concurrent_batches = 2  # the step just executed is not the one last scheduled
     assert not wrap_draft_fetch(pipelined, lambda: True, timed.append)

@@ -177,7 +177,10 @@ def wrap_draft_fetch(
             return None
         t0 = clock()
         drafts = fetch()
-        record((clock() - t0) * 1000.0)
+        try:
+            record((clock() - t0) * 1000.0)
+        except Exception:  # noqa: BLE001 - statistics must never cost the engine its drafts
+            pass
         return drafts
 
     executor.take_draft_token_ids = take_draft_token_ids

@@ -122,11 +122,11 @@ class PluginStats:
         self.fallback = False
         self.errors: list[str] = []
         self.overhead_ms = 0.0
+        """Wall time spent in the plugin's own logic (decisions, trimming, bookkeeping), ms."""
         self.draft_fetches = 0
         """Draft fetches timed (the engine core's ``take_draft_token_ids`` after a step; none after an off-step)."""
         self.draft_fetch_ms = 0.0
         """Their summed wall time, ms (host time outside ``step_ms``)."""
-        """Wall time spent in the plugin's own logic (decisions, trimming, bookkeeping), ms."""
         self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
         self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
         # `totals` and `class_counts` are sums over the acceptance rows (not counted step by step); a loaded file
