@@ -56,10 +56,6 @@ def conditional_rates(survival: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
-def _extrapolation_rate(s: np.ndarray) -> float:
-    return float(conditional_rates(s[-2:])[-1]) if s.size >= 2 else float(s[0])
-
-
 def acceptance_lengths(survival: Sequence[float] | np.ndarray, max_k: int) -> np.ndarray:
     """``[AL(0), AL(1), ..., AL(max_k)]`` in tokens per request per step (bonus token included).
 
@@ -70,18 +66,34 @@ def acceptance_lengths(survival: Sequence[float] | np.ndarray, max_k: int) -> np
     Example: ``acceptance_lengths([0.8, 0.6, 0.3], 4) -> [1.0, 1.8, 2.4, 2.7, 2.85]`` (AL(4) extrapolates
     ``s_3 = 0.3 * 0.5 = 0.15``).
     """
+    return np.asarray(acceptance_length_list([float(x) for x in survival], max_k))
+
+
+def acceptance_length_list(survival: Sequence[float], max_k: int) -> list[float]:
+    """`acceptance_lengths` in plain floats: what the depth controller rebuilds its tables with (a few positions
+    per class, where numpy's per-call overhead is most of the cost)."""
     if max_k < 0:
         raise ValueError(f"max_k must be >= 0, but got max_k={max_k}.")
-    s = np.asarray(survival, dtype=float)
-    if max_k > s.size:
-        if s.size == 0:
+    n = len(survival)
+    s = list(survival[:max_k])
+    if max_k > n:
+        if n == 0:
             raise ValueError(
                 f"Cannot compute AL({max_k}) from an empty survival curve: measure at least one position."
             )
-        rate = _extrapolation_rate(s)
-        extra = s[-1] * rate ** np.arange(1, max_k - s.size + 1)
-        s = np.concatenate((s, extra))
-    return 1.0 + np.concatenate(([0.0], np.cumsum(s[:max_k])))
+        last = float(survival[-1])
+        if n == 1:
+            rate = last
+        else:
+            prev = float(survival[-2])
+            rate = last / prev if prev > 0 else 0.0
+        s += [last * rate**j for j in range(1, max_k - n + 1)]
+    out = [1.0]
+    total = 0.0
+    for x in s:
+        total += x
+        out.append(1.0 + total)
+    return out
 
 
 def acceptance_length(survival: Sequence[float] | np.ndarray, k: int) -> float:

@@ -49,8 +49,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from policies._batch import Cohort, Decision, RequestView, StepTally, TrackedBatch, cohort_of
 from policies._estimator import AcceptanceEstimator
 from policies._settings import ControllerSettings
@@ -355,8 +353,8 @@ class DepthController:
         classes = set(self.estimator.classes())
         if self._tables is not None:
             classes |= set(self._tables.al)
-        for cls in sorted(classes):
-            self._add_class(tables, cls, resort=False)
+        for cls, al in self.estimator.acceptance_length_tables(sorted(classes), self.max_k).items():
+            self._add_table(tables, cls, al)
         tables.order.sort(key=lambda item: (-item[2], item[1]))
         self._tables = tables
         self._last = None
@@ -364,13 +362,14 @@ class DepthController:
         self._idle_wait = None
 
     # ---- internals ------------------------------------------------------------------------------------------------
-    def _add_class(self, tables: _Tables, cls: str, resort: bool = True) -> None:
-        al = self.estimator.acceptance_lengths(cls, self.max_k)
-        tables.al[cls] = [float(v) for v in al]
-        gains = np.diff(al)
-        tables.order.extend((cls, i, float(gains[i])) for i in range(self.max_k))
-        if resort:
-            tables.order.sort(key=lambda item: (-item[2], item[1]))
+    def _add_class(self, tables: _Tables, cls: str) -> None:
+        self._add_table(tables, cls, self.estimator.acceptance_length_tables((cls,), self.max_k)[cls])
+        tables.order.sort(key=lambda item: (-item[2], item[1]))
+
+    def _add_table(self, tables: _Tables, cls: str, al: list[float]) -> None:
+        """Add ``cls`` with its ``[AL(0), ..., AL(max_k)]`` to the tables (its survival gains unsorted)."""
+        tables.al[cls] = al
+        tables.order.extend((cls, i, al[i + 1] - al[i]) for i in range(self.max_k))
 
     def _drafter_pass_ms(self, t: _Tables, size: int) -> float:
         """Predicted ms of one drafter pass over ``size`` requests (the catch-up cost of turning the drafter on)."""

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from policies._acceptance import AcceptanceProfile, acceptance_lengths
+from policies._acceptance import AcceptanceProfile, acceptance_length_list, acceptance_lengths
 
 __all__ = ["MAX_CLASSES", "AcceptanceEstimator"]
 
@@ -150,7 +150,7 @@ class AcceptanceEstimator:
         self._classes: dict[str, _Counts] = {}
         self._global = _Counts(self.max_k, 0)
         # class -> (trials, successes) per position that never decay: a stored profile's anchor (`from_profiles`)
-        self._anchors: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._anchors: dict[str, tuple[list[float], list[float]]] = {}
 
     @classmethod
     def from_profiles(
@@ -183,7 +183,7 @@ class AcceptanceEstimator:
             if counts is not None:
                 counts.add(trials, succ)
                 anchor = prior_strength * ANCHOR_FRACTION
-                est._anchors[name] = (np.full(depth, anchor), anchor * rates)
+                est._anchors[name] = ([anchor] * depth, (anchor * rates).tolist())
             est._global.add(trials, succ)
         return est
 
@@ -266,9 +266,7 @@ class AcceptanceEstimator:
     # ---- estimates -------------------------------------------------------------------------------------------------
     def global_conditional(self) -> np.ndarray:
         """Conditional acceptance rate per position pooled over all classes, shape ``(max_k,)``."""
-        g = self._global
-        g.age(self.decay)
-        return (np.asarray(g.succ) + _FLOOR_TRIALS * _FLOOR_RATE) / (np.asarray(g.trials) + _FLOOR_TRIALS)
+        return np.asarray(self._global_rates())
 
     def conditional(self, cls: str) -> np.ndarray:
         """Estimated conditional acceptance rate per position for ``cls`` (posterior mean), shape ``(max_k,)``.
@@ -283,19 +281,7 @@ class AcceptanceEstimator:
         prior that never decays (`ANCHOR_FRACTION`), so with no evidence it returns to its profile, not to the pooled
         rate: evidence then comes from exploration, not from a drift that turned a measured-bad class back on.
         """
-        g = self.global_conditional()
-        counts = self._classes.get(cls)
-        if counts is None:
-            return g
-        counts.age(self.decay)
-        succ, trials, shrink = np.asarray(counts.succ), np.asarray(counts.trials), self.shrinkage
-        anchor = self._anchors.get(cls)
-        if anchor is not None:
-            trials, succ = trials + anchor[0], succ + anchor[1]
-        first = (succ[0] + shrink * g[0]) / (trials[0] + shrink)
-        target = np.minimum(g * (first / g[0]), 1.0)
-        target[0] = g[0]
-        return (succ + shrink * target) / (trials + shrink)
+        return np.asarray(self._class_rates(cls, self._global_rates()))
 
     def survival(self, cls: str) -> np.ndarray:
         """Estimated ``P(first i+1 drafts accepted)`` per position for ``cls``: the running product of `conditional`."""
@@ -310,6 +296,21 @@ class AcceptanceEstimator:
     def acceptance_lengths(self, cls: str, max_k: int | None = None) -> np.ndarray:
         """``[AL(0), ..., AL(max_k)]`` for ``cls`` (default up to the estimator's max_k)."""
         return acceptance_lengths(self.survival(cls), self.max_k if max_k is None else max_k)
+
+    def acceptance_length_tables(self, classes: Iterable[str], max_k: int | None = None) -> dict[str, list[float]]:
+        """`acceptance_lengths` of several classes as plain lists, the global estimate computed once: what the depth
+        controller rebuilds its tables with at every refresh (a few positions per class, where numpy's per-call
+        overhead was most of the refresh)."""
+        depth = self.max_k if max_k is None else max_k
+        g = self._global_rates()
+        out = {}
+        for cls in classes:
+            survival, running = [], 1.0
+            for rate in self._class_rates(cls, g):
+                running *= rate
+                survival.append(running)
+            out[cls] = acceptance_length_list(survival, depth)
+        return out
 
     def effective_trials(self, cls: str) -> float:
         """Decayed number of drafts observed for ``cls`` at position 0 (0 for an unseen class): how much the
@@ -329,6 +330,28 @@ class AcceptanceEstimator:
         return AcceptanceProfile.from_survival(self.survival(cls).tolist(), num_drafts=num_drafts)
 
     # ---- internals ---------------------------------------------------------------------------------------------------
+    def _global_rates(self) -> list[float]:
+        g = self._global
+        g.age(self.decay)
+        floor_succ = _FLOOR_TRIALS * _FLOOR_RATE
+        return [(x + floor_succ) / (n + _FLOOR_TRIALS) for x, n in zip(g.succ, g.trials, strict=True)]
+
+    def _class_rates(self, cls: str, g: list[float]) -> list[float]:
+        """`conditional` given the global rates ``g`` (plain floats)."""
+        counts = self._classes.get(cls)
+        if counts is None:
+            return list(g)
+        counts.age(self.decay)
+        succ, trials, shrink = counts.succ, counts.trials, self.shrinkage
+        anchor = self._anchors.get(cls)
+        if anchor is not None:
+            trials = [n + a for n, a in zip(trials, anchor[0], strict=True)]
+            succ = [x + a for x, a in zip(succ, anchor[1], strict=True)]
+        first = (succ[0] + shrink * g[0]) / (trials[0] + shrink)
+        scale = first / g[0]
+        target = [g[0]] + [min(r * scale, 1.0) for r in g[1:]]
+        return [(x + shrink * t) / (n + shrink) for x, t, n in zip(succ, target, trials, strict=True)]
+
     def _counts(self, cls: str) -> _Counts | None:
         """The class's counts, created on first use while fewer than ``max_classes`` exist (None beyond)."""
         counts = self._classes.get(cls)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from policies._acceptance import AcceptanceProfile
+from policies._small_linalg import Matrix, nonnegative_minimiser, residual_sum_of_squares
 
 __all__ = ["FEATURES", "PARALLEL_FEATURES", "SEQUENTIAL_FEATURES", "StepCostModel", "StepSample", "tokens_per_second"]
 
@@ -137,10 +138,11 @@ class StepCostModel:
         self._stale = False  # updates arrived since `_theta` was solved (solved once, when next read)
         # Online refinement (`update`), created at the first update: the prior's (information, rhs) and the
         # forgotten data's.
-        self._prior: tuple[np.ndarray, np.ndarray, float] | None = None
-        self._info: np.ndarray | None = None
+        # Plain floats (5-7 features): numpy's per-call overhead would be most of an update or a solve.
+        self._prior: tuple[list[list[float]], list[float], float] | None = None
+        self._info: list[list[float]] | None = None
         self._updates = 0.0  # remembered pooled updates (forgotten like the data)
-        self._rhs: np.ndarray | None = None
+        self._rhs: list[float] | None = None
         self._yy = 0.0  # remembered sum of squared targets (for the residual sum of squares)
         self._noise2: float | None = None  # estimated relative noise variance of one step (see `_solved`)
         self._fit_samples: tuple[StepSample, ...] = ()
@@ -160,12 +162,15 @@ class StepCostModel:
         self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int
     ) -> np.ndarray:
         """The feature row for a step (see the module docstring for each column)."""
+        return np.asarray(self._row(batch_size, verified_tokens, drafter_ran, draft_depth), dtype=float)
+
+    def _row(self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int) -> list[float]:
         d = 1.0 if drafter_ran else 0.0
-        row = [1.0, batch_size, verified_tokens, d, d * batch_size]
+        row = [1.0, float(batch_size), float(verified_tokens), d, d * batch_size]
         if self.sequential:
             depth = draft_depth if drafter_ran else 0
-            row += [depth, depth * batch_size]
-        return np.asarray(row, dtype=float)
+            row += [float(depth), float(depth * batch_size)]
+        return row
 
     def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None) -> float:
         """Predicted step time in ms for B requests all verifying K = ``depth`` drafts.
@@ -301,18 +306,19 @@ class StepCostModel:
         K=4). The non-negative solution is exact (NNLS), not a clipped unconstrained one. Cost: O(F^2) per update;
         one F x F eigendecomposition and one NNLS (F <= 7 features) when the coefficients are next read.
         """
-        x = self.features(sample.batch_size, sample.tokens, sample.drafted, sample.depth)
-        scale = math.sqrt(sample.n) / sample.step_ms
-        x = x * scale
         y = math.sqrt(sample.n)
+        scale = y / sample.step_ms
+        x = [v * scale for v in self._row(sample.batch_size, sample.tokens, sample.drafted, sample.depth)]
         if self._prior is None or self._info is None or self._rhs is None:
             self._prior = self._prior_system()
             dim = len(self.feature_names)
-            self._info, self._rhs = np.zeros((dim, dim)), np.zeros(dim)
+            self._info, self._rhs = [[0.0] * dim for _ in range(dim)], [0.0] * dim
         lam = self.forgetting
         self._updates = lam * self._updates + 1.0
-        self._info = lam * self._info + np.outer(x, x)
-        self._rhs = lam * self._rhs + x * y
+        for info_row, xi in zip(self._info, x, strict=True):
+            for j, xj in enumerate(x):
+                info_row[j] = lam * info_row[j] + xi * xj
+        self._rhs = [lam * r + xi * y for r, xi in zip(self._rhs, x, strict=True)]
         self._yy = lam * self._yy + y * y
         self._stale = True
 
@@ -340,11 +346,15 @@ class StepCostModel:
             self._noise2 = _residual_variance(self._info, self._rhs, self._yy, self._updates)
             noise2 = _NOISE_FLOOR**2 if self._noise2 is None else self._noise2
             k = noise2 / prior_var
-            self._theta = _nonnegative_solve(k * prior_info + self._info, k * prior_rhs + self._rhs)
+            info = [[k * p + v for p, v in zip(prow, row, strict=True)]
+                    for prow, row in zip(prior_info, self._info, strict=True)]
+            rhs = [k * p + v for p, v in zip(prior_rhs, self._rhs, strict=True)]
+            support = [i for i, v in enumerate(self._theta.tolist()) if v > 0]
+            self._theta = np.asarray(_nonnegative_solve(info, rhs, support), dtype=float)
             self._stale = False
         return self._theta
 
-    def _prior_system(self) -> tuple[np.ndarray, np.ndarray, float]:
+    def _prior_system(self) -> tuple[list[list[float]], list[float], float]:
         """(information matrix, right-hand side, error variance) of the prior: the current model's own predictions,
         weighted as relative errors, on the fit's shapes (or a grid spanning every feature), one observation in
         total, and the fit's relative error variance (see `update`)."""
@@ -365,10 +375,10 @@ class StepCostModel:
             if pred > 0:
                 rows.append(x / pred)
         if not rows:  # an all-zero model says nothing: an almost flat prior
-            return np.eye(dim) * 1e-9, np.zeros(dim), error**2
+            return (np.eye(dim) * 1e-9).tolist(), [0.0] * dim, error**2
         xs = np.stack(rows) / math.sqrt(len(rows))
         ones = np.full(len(rows), 1.0 / math.sqrt(len(rows)))
-        return xs.T @ xs + np.eye(dim) * 1e-9, xs.T @ ones, error**2
+        return (xs.T @ xs + np.eye(dim) * 1e-9).tolist(), (xs.T @ ones).tolist(), error**2
 
     # ---- (de)serialising -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -433,34 +443,26 @@ def _al_function(
     return lambda k: values[k]
 
 
-def _residual_variance(info: np.ndarray, rhs: np.ndarray, yy: float, updates: float) -> float | None:
+def _residual_variance(info: Matrix, rhs: Sequence[float], yy: float, updates: float) -> float | None:
     """Relative noise variance of one step, ``RSS / (updates - rank)``, from the sufficient statistics of a weighted
-    least-squares problem (``info = X'X``, ``rhs = X'y``, ``yy = y'y``): the RSS of its unconstrained best fit, on the
-    directions the data span (eigenvalues above 1e-9 of the largest, after scaling the columns to unit norm). None
-    when the data have no degrees of freedom left."""
-    diag = np.sqrt(np.maximum(np.diag(info), 0.0))
-    if not diag.max() > 0:
+    least-squares problem (``info = X'X``, ``rhs = X'y``, ``yy = y'y``): the RSS of its unconstrained best fit on the
+    directions the data span (`policies._small_linalg.residual_sum_of_squares`). None when the data have no degrees
+    of freedom left."""
+    rss, rank = residual_sum_of_squares(info, rhs, yy)
+    dof = updates - rank
+    if rank == 0 or dof <= 0:
         return None
-    inv = 1.0 / np.where(diag > 0, diag, 1.0)  # a feature never excited keeps a zero row: a zero eigenvalue
-    values, vectors = np.linalg.eigh(info * np.outer(inv, inv))  # ascending
-    keep = values > 1e-9 * values[-1]
-    dof = updates - int(np.count_nonzero(keep))
-    if dof <= 0:
-        return None
-    proj = vectors[:, keep].T @ (rhs * inv)
-    rss = max(yy - float(np.sum(proj**2 / values[keep])), 0.0)
     return max(rss / dof, _NOISE_FLOOR**2)
 
 
-def _nonnegative_solve(info: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """argmin ``t' info t - 2 rhs' t`` over ``t >= 0`` (info symmetric positive definite), by NNLS on its Cholesky
-    factor: with ``info = L L'``, the objective is ``|L' t - L^-1 rhs|^2`` up to a constant."""
-    from scipy import optimize  # lazily, as in `StepCostModel.fit`
-
-    sym = 0.5 * (info + info.T)
-    # A relative jitter keeps the factorisation defined when the prior is flat (an all-zero model) or weighs almost
+def _nonnegative_solve(info: Matrix, rhs: Sequence[float], start: Sequence[int] = ()) -> list[float]:
+    """argmin ``t' info t - 2 rhs' t`` over ``t >= 0`` (info symmetric positive definite); ``start``: the unknowns
+    expected > 0 (the last solution's), where the search starts (`policies._small_linalg.nonnegative_minimiser`)."""
+    n = len(rhs)
+    sym = [[0.5 * (info[i][j] + info[j][i]) for j in range(n)] for i in range(n)]
+    # A relative jitter keeps the problem positive definite when the prior is flat (an all-zero model) or weighs almost
     # nothing (noise-free data) along a direction the data do not excite; it moves no solution measurably.
-    sym[np.diag_indices_from(sym)] += 1e-12 * max(float(np.max(np.diag(sym))), 1e-300)
-    lower = np.linalg.cholesky(sym)
-    theta, _ = optimize.nnls(lower.T, np.linalg.solve(lower, rhs))
-    return np.asarray(theta, dtype=float)
+    jitter = 1e-12 * max(max(sym[i][i] for i in range(n)), 1e-300)
+    for i in range(n):
+        sym[i][i] += jitter
+    return nonnegative_minimiser(sym, rhs, start)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -152,8 +153,8 @@ class _NoisyEstimator(AcceptanceEstimator):
     def classes(self) -> list[str]:
         return ["chat"]
 
-    def acceptance_lengths(self, cls: str, max_k: int | None = None) -> np.ndarray:
-        return np.asarray(next(self._tables))
+    def acceptance_length_tables(self, classes: Iterable[str], max_k: int | None = None) -> dict[str, list[float]]:
+        return {cls: list(next(self._tables)) for cls in classes}
 
 
 # Survival [0.8, 0.6, s2] at B=1 with T = 11 + K ms: K=3 beats K=2 iff (2.4 + s2)/14 > 2.4/13, i.e. s2 > 0.1846.
@@ -253,7 +254,7 @@ def test_explorers_verify_at_their_cap() -> None:
 
 
 class _BrokenEstimator(AcceptanceEstimator):
-    def acceptance_lengths(self, cls: str, max_k: int | None = None) -> np.ndarray:
+    def acceptance_length_tables(self, classes: Iterable[str], max_k: int | None = None) -> dict[str, list[float]]:
         raise RuntimeError("estimator exploded")
 
 
