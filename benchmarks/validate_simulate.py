@@ -75,17 +75,20 @@ def _find_traces(root: Path) -> list[dict[str, Any]]:
 
 
 def _step_means(root: Path, profile: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The profile launches' decode steps as per-shape *means* (`autotune.simulate.mean_step_samples` of each
-    plugin-stats.json under ``root``, the measured phases of ``profile``): {"speculative": [...], "baseline": [...]}
-    as sample dicts; a kind is missing when no launch of it recorded statistics."""
-    from autotune.simulate import mean_step_samples
+    """The profile launches' decode steps as per-shape *means* (``PluginStats.step_samples(statistic="mean")`` of
+    each plugin-stats.json under ``root``, over the measured phases of ``profile``, else every phase but the warm-up):
+    {"speculative": [...], "baseline": [...]} as sample dicts; a kind is missing when no launch of it recorded
+    statistics."""
+    from policies.plugin import PluginStats
 
     phases = [str(p["name"]) for p in profile.get("phases") or () if p.get("name")] or None
+    sequential = bool((profile.get("cost_model") or {}).get("sequential"))
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(root.rglob("plugin-stats.json")):
-        data = json.loads(path.read_text())
-        kind = "speculative" if (data.get("info") or {}).get("num_speculative_tokens") else "baseline"
-        samples = mean_step_samples(data, phases, sequential=bool((profile.get("cost_model") or {}).get("sequential")))
+        stats = PluginStats.load(path)
+        kind = "speculative" if stats.info.get("num_speculative_tokens") else "baseline"
+        measured = phases if phases is not None else [p for p in stats.phases() if p != "warmup"]
+        samples = stats.step_samples(measured, sequential=sequential, statistic="mean")
         out.setdefault(kind, []).extend(
             {"batch_size": x.batch_size, "depth": x.depth, "step_ms": x.step_ms, "n": x.n,
              "verified_tokens": x.verified_tokens, "drafter_ran": x.drafter_ran} for x in samples
@@ -334,7 +337,8 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
         names = list(bundle["workloads"])
         outputs = {n: base_ok[0][f"c{c}:{n}"] for n in names}
         phases = bundle_phases(bundle["workloads"], outputs, bundle.get("c1_requests") if c == 1 else None)
-        plain = profile_setup(profile, phases, seed=seed)
+        # step_means=False: the profile is priced here (priced_profile), a stored profile's own means not again
+        plain = profile_setup(profile, phases, seed=seed, step_means=False)
         if traces:
             rho, statistic = fit_autocorrelation(traces, plain.acceptance.profiles, plain.max_k, seed=seed)
 
@@ -342,7 +346,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
                 rho: float = rho) -> float:
             priced = _terms(bundle, scale, profile, fetch_ms, fetch_source) if terms else ProfileTerms()
             setup = profile_setup(_scaled(profile, scale), phases, autocorrelation=rho, traces=traces, seed=seed,
-                                  terms=priced)
+                                  terms=priced, step_means=False)
             plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
             config = _sim_config(bundle["configs"][label], setup, plugin_ms, off_steps.get(label))
             sim = simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,

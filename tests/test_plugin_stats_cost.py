@@ -62,6 +62,58 @@ def test_step_shapes_beyond_the_cap_keep_count_and_mean_only() -> None:
     assert {s.batch_size: s.step_ms for s in again.step_samples()} == medians
 
 
+def test_a_shape_with_a_tail_has_a_mean_above_its_median() -> None:
+    # Four steps of one shape (B = 2, depth 1): 5, 5, 5, 9 ms. Median 5; mean 24 / 4 = 6, what a run pays per step.
+    stats = PluginStats()
+    for ms in (5.0, 5.0, 9.0, 5.0):
+        stats.observe_step(step_ms=ms, prompt_tokens=0, drafting_depth=1, requests=[("c", "p", 1, 1)] * 2)
+    [median] = stats.step_samples()
+    [mean] = stats.step_samples(statistic="mean")
+    assert (median.batch_size, median.depth, median.n, median.step_ms) == (2, 1, 4, 5.0)
+    assert (mean.batch_size, mean.depth, mean.n, mean.step_ms) == (2, 1, 4, pytest.approx(6.0))
+    again = PluginStats.from_dict(json.loads(stats.to_json()))  # the file keeps each shape's sum and count
+    assert [s.step_ms for s in again.step_samples(statistic="mean")] == [pytest.approx(6.0)]
+    with pytest.raises(ValueError, match="statistic"):
+        stats.step_samples(statistic="p90")  # type: ignore[arg-type]
+
+
+def _launch(steps: list[tuple[str, int, int, int, float]], k: int = 4, skips: bool = True) -> PluginStats:
+    """A launch's statistics: per step (phase, batch size, verified depth of every request, drafting depth, ms),
+    engine K ``k``, off-steps skipping the drafter or not; read back from its file, as the simulator's users do."""
+    stats = PluginStats()
+    stats.info = {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": skips}}
+    for phase, b, d, dd, ms in steps:
+        stats.observe_step(step_ms=ms, prompt_tokens=0, drafting_depth=dd, requests=[("a", phase, d, 0)] * b)
+    return PluginStats.from_dict(json.loads(stats.to_json()))
+
+
+def test_mean_samples_pool_a_shape_as_the_median_samples_do() -> None:
+    # Depth 1 at B = 1: 3 steps of 5, 5, 8 ms drafting 1 slot and one of 6 ms drafting 4: median 5.5, mean 24/4 = 6.
+    stats = _launch([("c1", 1, 1, 1, 5.0), ("c1", 1, 1, 1, 5.0), ("c1", 1, 1, 1, 8.0), ("c1", 1, 1, 4, 6.0),
+                     ("c1", 1, 0, 0, 3.0), ("c1", 1, 0, 0, 4.0),  # a skipped drafter: drafter_ran False, mean 3.5
+                     *[("warmup", 1, 1, 1, 100.0)] * 5])
+    # A step whose requests verified different depths (1 and 4: no uniform depth) and a step with prompt tokens:
+    # not decode samples of one depth.
+    stats.observe_step(step_ms=30.0, prompt_tokens=0, drafting_depth=4, requests=[("a", "c1", 1, 0), ("a", "c1", 4, 0)])
+    stats.observe_step(step_ms=40.0, prompt_tokens=32, drafting_depth=4, requests=[("a", "c1", 4, 0)])
+    samples = stats.step_samples(["c1"], statistic="mean")
+    assert [(s.batch_size, s.depth, s.n, s.drafter_ran) for s in samples] == [(1, 0, 2, False), (1, 1, 4, True)]
+    assert [s.step_ms for s in samples] == pytest.approx([3.5, 6.0])
+    assert [s.step_ms for s in stats.step_samples(["c1"])] == pytest.approx([3.5, 5.5])  # the medians
+    assert [s.step_ms for s in stats.step_samples(["warmup"], statistic="mean")] == pytest.approx([100.0])
+
+
+def test_mean_samples_of_a_baseline_and_of_sequential_drafting() -> None:
+    base = _launch([("c1", 2, 0, 0, ms) for ms in (3.0, 3.0, 3.5, 3.5)], k=0, skips=False)  # 13 ms / 4 steps
+    assert [(s.step_ms, s.n, s.drafter_ran) for s in base.step_samples(statistic="mean")] == [
+        (pytest.approx(3.25), 4, False)]
+    # Depth 2 at B = 1: two steps drafting their depth (5 + 7 ms) and two drafting 4 slots (10 + 10 ms).
+    seq = _launch([("c1", 1, 2, 2, 5.0), ("c1", 1, 2, 2, 7.0), ("c1", 1, 2, 4, 10.0), ("c1", 1, 2, 4, 10.0)],
+                  skips=False)
+    assert [s.step_ms for s in seq.step_samples(sequential=True, statistic="mean")] == pytest.approx([6.0])
+    assert [s.step_ms for s in seq.step_samples(statistic="mean")] == pytest.approx([8.0])
+
+
 def test_totals_and_class_counts_are_the_counts_of_every_draft() -> None:
     stats = PluginStats()
     seen = _session(stats, 200)

@@ -173,3 +173,40 @@ def test_cli_prints_acceptance_step_costs_fit_and_launches_labelled_measured(mon
     # T(4, 2) = 2 + 0.5 * 4 * 3 = 8 ms over 5 steps; the fit is exact on these samples.
     assert "8.00 (5)" in text and "median error 0.0%" in text
     assert "Engine launches: 1 for 1 drafter(s)." in text
+
+
+def test_an_analysed_profile_carries_per_shape_means_stored_beside_its_median_fit(tmp_path: Path) -> None:
+    from autotune.engine import empty_snapshot
+    from autotune.measurement import Provenance
+    from autotune.profiling import ProfileResult, fit_cost_model, store_profile
+    from autotune.profiling._profile import _analyse
+    from store import Store
+
+    stats = PluginStats()
+    stats.observe_step(step_ms=50.0, prompt_tokens=0, drafting_depth=2, requests=[("code", "warmup", 2, 2)] * 2)
+    # B = 2 at depth 2: 5, 5, 5, 9 ms (median 5, mean 6); at depth 1: 4, 4, 4, 8 ms (median 4, mean 5).
+    for d, times in ((2, (5.0, 5.0, 9.0, 5.0)), (1, (4.0, 8.0, 4.0, 4.0))):
+        for ms in times:
+            stats.observe_step(step_ms=ms, prompt_tokens=0, drafting_depth=2, requests=[("code", "c2", d, d)] * 2)
+    result = ProfileResult(model="m", drafter="/d", method="draft_model", parallel_drafting=True, max_k=2,
+                           concurrencies=(2,), provenance=Provenance(kind="measured", backend="vllm", device="cpu"))
+    raw = {"phases": [{"name": "c2", "concurrency": 2, "num_requests": 2, "output_tokens": 30, "wall_s": 0.1}],
+           "spec_before": empty_snapshot(), "spec_after": empty_snapshot()}
+    _analyse(result, stats, raw, sequential=False)
+    assert [(s.depth, s.step_ms, s.n) for s in result.step_samples] == [(1, 4.0, 4), (2, 5.0, 4)]
+    assert [(s.depth, s.step_ms, s.n) for s in result.step_means] == [(1, 5.0, 4), (2, 6.0, 4)]
+    # The stored fit (search, export and the controller use it) stays the fit on the medians.
+    medians_fit = fit_cost_model(result.step_samples, sequential=False)
+    assert result.cost_model is not None and medians_fit is not None
+    assert result.cost_model.to_dict() == medians_fit.to_dict()
+    means = result.to_dict()["step_means"]
+    assert [(e["depth"], e["step_ms"], e["n"]) for e in means["speculative"]] == [(1, 5.0, 4), (2, 6.0, 4)]
+    assert means["baseline"] == []  # no baseline launch
+
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    env = {"device": "cpu", "gpu_count": 0, "driver": None, "vllm_version": "0.32.0", "torch_version": "2.13.0"}
+    pid = store_profile(store, result, Workload("w", {"code": (WorkloadRequest(prompt="x"),)}), env)
+    record = store.get_profile(pid)
+    assert record.notes["step_means"] == means  # in the notes (JSON), beside the step costs of the medians
+    assert [e["step_ms"] for e in record.step_costs] == [4.0, 5.0]
+    store.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from autotune.cli.simulate import simulate
@@ -87,6 +89,7 @@ def test_simulates_a_stored_profile(tmp_path: Path) -> None:
     assert data["device"] == "cpu"
     assert f"measured profile #{pid}" in data["acceptance_source"]
     assert "fitted step-cost model" in data["step_cost_source"]
+    assert "fit on per-shape medians" in data["step_cost_source"]  # stored without per-shape means: the stored fit
     rows = {r["config"]: r for r in data["rows"]}
     none, k4, k1 = rows["no speculation"], rows["static K=4"], rows["static K=1"]
     # A wave of 4 requests (~100 prompt tokens, 48 output tokens each) at B=4. No speculation: ~55 ms of prefill
@@ -97,3 +100,54 @@ def test_simulates_a_stored_profile(tmp_path: Path) -> None:
     pred, ent = phases.index("predictable"), phases.index("entropic")
     assert k4["phase_tokens_per_s"][pred] > 1.8 * none["phase_tokens_per_s"][pred]
     assert k1["phase_tokens_per_s"][ent] < none["phase_tokens_per_s"][ent]
+
+
+def test_a_stored_profile_with_per_shape_means_is_priced_at_their_refit(tmp_path: Path) -> None:
+    # Two stored profiles: A keeps the fit on medians (every coefficient / 1.1) and per-shape means that follow
+    # `means` exactly; B's stored fit is `means` itself, without means. Simulated from A, every step costs what the
+    # refit on A's means prices, i.e. `means`: the configs whose depths do not come from the controller (which
+    # starts from the stored fit, as in production) simulate exactly as from B.
+    from policies import StepCostModel
+    from store import Store
+
+    means = StepCostModel({"base": 4.0, "per_request": 0.3, "per_verified_token": 0.12, "drafter_fixed": 2.5,
+                           "drafter_per_request": 0.2})
+    medians = StepCostModel({k: v / 1.1 for k, v in means.coefficients.items()})
+
+    def sample(b: int, k: int, ran: bool) -> dict[str, object]:
+        return {"batch_size": b, "depth": k, "step_ms": means.predict_tokens(b, b * (k + 1), ran, k), "n": 20,
+                "verified_tokens": b * (k + 1), "drafter_ran": ran}
+
+    step_means = {"speculative": [sample(b, k, True) for b in (1, 2, 4) for k in range(5)],
+                  "baseline": [sample(b, 0, False) for b in (1, 2, 4)]}
+    db = tmp_path / "peagle.db"
+    store = Store(f"sqlite:///{db}")
+    env = store.environment_id({"device": "cpu", "gpu_count": 0, "driver": None, "vllm_version": "0.32.0",
+                                "torch_version": "2.13.0"})
+    common: dict[str, Any] = {
+        "method": "draft_model", "max_k": 4, "environment_id": env, "drafter": "drafter-2l", "parallel_drafting": True,
+        "step_costs": [],
+        "acceptance": {"predictable": {"num_drafts": 500, "accepted_per_position": [490, 455, 449, 439]},
+                       "entropic": {"num_drafts": 500, "accepted_per_position": [123, 0, 0, 0]}},
+    }
+    with_means = store.add_profile("target", cost_model=medians.to_dict(), notes={"step_means": step_means}, **common)
+    refit = store.add_profile("target", cost_model=means.to_dict(), **common)
+    store.close()
+    workload = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "fixture.jsonl"
+
+    def run(pid: int) -> Any:
+        result = CliRunner().invoke(simulate, [
+            "--profile", str(pid), "--db", str(db), "--workload", str(workload), "--chars-per-token", "1",
+            "--concurrency", "4", "--requests-per-phase", "8", "--shape", "shifting", "--configs", "none,static",
+            "--json", "--no-store"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    a, b = run(with_means), run(refit)
+    assert "fit on per-shape means" in a["step_cost_source"]
+    assert "fit on per-shape medians" in b["step_cost_source"]
+    rows_a = {r["config"]: r["output_tokens_per_s"] for r in a["rows"]}
+    rows_b = {r["config"]: r["output_tokens_per_s"] for r in b["rows"]}
+    assert rows_a.keys() == rows_b.keys() and len(rows_a) == 6  # no speculation, static K = 1..4, their oracle
+    for config, tps in rows_b.items():
+        assert rows_a[config] == pytest.approx(tps, rel=1e-6), config

@@ -26,9 +26,10 @@ from autotune.simulate import (
     drafter_token_ratio,
     idle_drafter_ms,
     mean_cost_model,
-    mean_step_samples,
     off_step_mode,
     params_per_token,
+    profile_setup,
+    profile_step_means,
     profile_terms,
     simulate,
 )
@@ -404,37 +405,6 @@ def test_an_exploration_replays_only_the_explorers_missed_tokens() -> None:
 
 
 # ------------------------------------------------------------------------------------ per-shape means, refitted
-def _stats(costs: list[dict[str, Any]], k: int = 4, skips: bool = True) -> dict[str, Any]:
-    return {"info": {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": skips}}, "step_costs": costs}
-
-
-def _cost(phase: str, b: int, d: int | None, v: int, dd: int, n: int, total: float) -> dict[str, Any]:
-    return {"phase": phase, "batch_size": b, "depth": d, "verified_tokens": v, "drafting_depth": dd, "n": n,
-            "sum_ms": total, "samples_ms": []}
-
-
-def test_mean_step_samples_pool_a_shape_at_its_mean_not_its_median() -> None:
-    # Depth 1 at B = 1: 3 steps of 5, 5, 8 ms drafting 1 slot and one of 6 ms drafting 4: median 5, mean 24/4 = 6.
-    stats = _stats([
-        _cost("c1", 1, 1, 2, 1, 3, 18.0), _cost("c1", 1, 1, 2, 4, 1, 6.0),
-        _cost("c1", 1, 0, 1, 0, 2, 7.0),  # a skipped drafter: drafter_ran False
-        _cost("warmup", 1, 1, 2, 1, 5, 500.0),  # warm-up steps are not measured
-        _cost("c1", 1, None, 40, 4, 1, 30.0),  # a step with prompt tokens: not a decode sample
-    ])
-    samples = mean_step_samples(stats)
-    assert [(s.batch_size, s.depth, s.n, s.drafter_ran) for s in samples] == [(1, 0, 2, False), (1, 1, 4, True)]
-    assert [s.step_ms for s in samples] == pytest.approx([3.5, 6.0])
-    assert [s.step_ms for s in mean_step_samples(stats, ["warmup"])] == pytest.approx([100.0])
-
-
-def test_mean_step_samples_of_a_baseline_and_of_sequential_drafting() -> None:
-    base = _stats([{**_cost("c1", 2, 0, 2, 0, 4, 0.0), "sum_ms": None, "mean_ms": 3.25}], k=0, skips=False)
-    assert [(s.step_ms, s.n, s.drafter_ran) for s in mean_step_samples(base)] == [(pytest.approx(3.25), 4, False)]
-    seq = _stats([_cost("c1", 1, 2, 3, 2, 2, 12.0), _cost("c1", 1, 2, 3, 4, 2, 20.0)], skips=False)
-    assert [s.step_ms for s in mean_step_samples(seq, sequential=True)] == pytest.approx([6.0])  # drafted its depth
-    assert [s.step_ms for s in mean_step_samples(seq)] == pytest.approx([8.0])
-
-
 def test_mean_cost_model_refits_the_same_form_and_prices_the_means() -> None:
     truth = StepCostModel({"base": 3.0, "per_request": 0.5, "per_verified_token": 0.25, "drafter_fixed": 2.0,
                            "drafter_per_request": 0.4}, forgetting=0.9)
@@ -447,6 +417,49 @@ def test_mean_cost_model_refits_the_same_form_and_prices_the_means() -> None:
     # Exact samples of a linear model: the refit gives it back, e.g. B = 1, depth 1: 3 + 0.5 + 2 x 0.25 + 2 + 0.4.
     assert model.predict_tokens(1, 2, True, 1) == pytest.approx(6.4, rel=1e-6)
     assert model.predict_tokens(4, 4, False) == pytest.approx(3.0 + 2.0 + 1.0, rel=1e-6)
+
+
+TRUTH = StepCostModel({"base": 3.0, "per_request": 0.5, "per_verified_token": 0.25, "drafter_fixed": 2.0,
+                       "drafter_per_request": 0.4})
+"""What the profile's launches paid per step on average (the per-shape means follow it exactly)."""
+TAIL = 1.1
+"""The stored fit (on medians) is 10% below the means: ``TRUTH / TAIL``."""
+
+
+def _means_record(with_means: bool = True) -> dict[str, Any]:
+    """A profile as `ProfileResult.to_dict` gives it: the fit on medians, and (``with_means``) per-shape means."""
+    spec = [{"batch_size": b, "depth": k, "step_ms": TRUTH.predict_tokens(b, b * (k + 1), True, k), "n": 10,
+             "verified_tokens": b * (k + 1), "drafter_ran": True} for b in (1, 2, 4) for k in range(4)]
+    base = [{"batch_size": b, "depth": 0, "step_ms": TRUTH.predict_tokens(b, b, False), "n": 50,
+             "verified_tokens": b, "drafter_ran": False} for b in (1, 2, 4)]
+    medians = StepCostModel({k: v / TAIL for k, v in TRUTH.coefficients.items()}, forgetting=0.9)
+    return {"profile_id": 5, "model": "target", "drafter": "drafter-2l", "method": "eagle3", "max_k": 3,
+            "parallel_drafting": True, "acceptance": {"a": {"num_drafts": 100, "accepted_per_position": [50, 25, 12]}},
+            "cost_model": medians.to_dict(),
+            "step_means": {"speculative": spec, "baseline": base} if with_means else None}
+
+
+def test_a_profile_with_per_shape_means_prices_steps_with_their_refit() -> None:
+    record = _means_record()
+    setup = profile_setup(record, {"w": one(8)})
+    assert "fit on per-shape means" in setup.cost.label
+    spec, base = profile_step_means(record) or ([], [])
+    refit = mean_cost_model(StepCostModel.from_dict(record["cost_model"]), spec, base)
+    # B = 2 verifying depth 2 with the drafter: 3 + 2 x 0.5 + 6 x 0.25 + 2 + 2 x 0.4 = 8.3 ms (TRUTH, not / 1.1).
+    shape = StepShape(2, 6, 2, 100.0)
+    assert setup.cost.step_ms(shape) == pytest.approx(refit.predict_tokens(2, 6, True, 2), rel=1e-9)
+    assert setup.cost.step_ms(shape) == pytest.approx(8.3, rel=1e-6)
+    assert setup.cost.step_ms(StepShape(4, 4, 0, 100.0)) == pytest.approx(3.0 + 2.0 + 1.0, rel=1e-6)
+    # The controller starts from the stored fit, as it does in production.
+    assert setup.controller_cost[True].coefficients == StepCostModel.from_dict(record["cost_model"]).coefficients
+
+
+def test_a_profile_without_means_or_told_not_to_use_them_prices_with_its_stored_fit() -> None:
+    for setup in (profile_setup(_means_record(with_means=False), {"w": one(8)}),
+                  profile_setup(_means_record(), {"w": one(8)}, step_means=False)):
+        assert "fit on per-shape medians" in setup.cost.label
+        assert setup.cost.step_ms(StepShape(2, 6, 2, 100.0)) == pytest.approx(8.3 / TAIL, rel=1e-9)
+    assert profile_step_means(_means_record(with_means=False)) is None
 
 
 def test_the_draft_fetch_is_paid_after_a_drafting_step_only() -> None:

@@ -13,6 +13,7 @@ from _scripts import load_script  # tests/ is on sys.path (pytest prepend import
 from autotune.simulate import FittedStepCost, Phase, SimRequest, profile_setup, simulate
 from autotune.workloads import load_workload
 from policies import StepCostModel
+from policies.plugin import PluginStats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -151,15 +152,18 @@ def test_bundle_collects_the_profile_launches_per_shape_means(tmp_path: Path) ->
     (tmp_path / "profile.json").write_text(json.dumps({**PROFILE, "phases": [{"name": "c1"}]}))
     (tmp_path / "rounds.json").write_text("{}")
 
-    def launch(name: str, k: int, costs: list[tuple[str, int, int, int, float]]) -> None:
+    def launch(name: str, k: int, steps: list[tuple[str, int, float]]) -> None:
+        """A profile launch's plugin-stats.json: per step (phase, verified depth, ms) of one request."""
+        stats = PluginStats()
+        stats.info = {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": True}}
+        for phase, d, ms in steps:
+            stats.observe_step(step_ms=ms, prompt_tokens=0, drafting_depth=d, requests=[("a", phase, d, 0)])
         (tmp_path / "profile" / name).mkdir(parents=True)
-        (tmp_path / "profile" / name / "plugin-stats.json").write_text(json.dumps({
-            "info": {"num_speculative_tokens": k, "drafter_width": {"skip_drafter": True}},
-            "step_costs": [{"phase": ph, "batch_size": 1, "depth": d, "verified_tokens": d + 1, "drafting_depth": d,
-                            "n": n, "sum_ms": ms, "samples_ms": []} for ph, d, _, n, ms in costs]}))
+        stats.save(tmp_path / "profile" / name / "plugin-stats.json")
 
-    launch("run-a", 4, [("c1", 1, 0, 4, 22.0), ("warmup", 1, 0, 1, 90.0)])  # 4 steps, 22 ms: mean 5.5
-    launch("run-b", 0, [("c1", 0, 0, 10, 33.0)])  # no speculation: 3.3 ms
+    # 4 steps, 22 ms: mean 5.5 (median 5.25); the warm-up step is left out
+    launch("run-a", 4, [("c1", 1, 5.0), ("c1", 1, 5.0), ("c1", 1, 5.5), ("c1", 1, 6.5), ("warmup", 1, 90.0)])
+    launch("run-b", 0, [("c1", 0, 3.0)] * 5 + [("c1", 0, 3.6)] * 5)  # no speculation: 33 ms / 10 steps = 3.3 ms
     means = validate.bundle_from_runtime(tmp_path)["step_means"]
     assert [(x["depth"], x["n"], x["drafter_ran"]) for x in means["speculative"]] == [(1, 4, True)]
     assert means["speculative"][0]["step_ms"] == pytest.approx(5.5)

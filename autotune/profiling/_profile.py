@@ -8,7 +8,9 @@ plugin's statistics:
 - acceptance per workload class and draft position, from the requests that verified K_max drafts (measured counts;
   AL(K) for K <= K_max by prefix consistency), cross-checked against vLLM's own spec-decode counters;
 - step-cost samples T(B, K): the median decode-step time per (batch size, verified depth) (measured);
-- a fitted `policies.StepCostModel` and its fit error (predicted vs measured on the same samples).
+- a fitted `policies.StepCostModel` and its fit error (predicted vs measured on the same samples);
+- the mean decode-step time per shape too (measured; what a run pays per step, kept for the simulator, which prices
+  steps with the same model refitted on them: `autotune.simulate.mean_cost_model`).
 """
 
 from __future__ import annotations
@@ -175,13 +177,15 @@ def profile(
         Path(log_dir) if log_dir is not None else None, say,
     )
     baseline_samples: list[StepSample] = []
+    baseline_means: list[StepSample] = []
     if baseline:
         say(f"[0/{len(resolved)}] launching vLLM without speculation (baseline step times)")
-        baseline_samples = _baseline(launches)
+        baseline_samples, baseline_means = _baseline(launches)
     template = ProfileResult(
         model=model_name or model, drafter="", method="", parallel_drafting=False, max_k=max_k,
         concurrencies=concurrencies, provenance=measured_provenance(), plan=DepthPlan.sweep(max_k, block_steps),
         workload_name=workload.name, workload_hash=workload.content_hash(), baseline_samples=baseline_samples,
+        baseline_means=baseline_means,
     )
     results = []
     for i, drafter in enumerate(resolved, start=1):
@@ -195,16 +199,18 @@ def profile(
     return results
 
 
-def _baseline(launches: _Launches) -> list[StepSample]:
-    """Decode-step times of the target without speculation (the plugin in static mode only records them)."""
+def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample]]:
+    """Decode-step times of the target without speculation (the plugin in static mode only records them): the
+    median and the mean per shape."""
     run = launches.run(SpecConfig(), PluginConfig(mode="static"))
     if not run.ok or run.stats is None:
         raise BackendUnavailableError(
             f"The no-speculation baseline launch failed ({run.failure_kind}): {run.failure_reason}\n{run.log_tail}"
         )
-    samples: list[StepSample] = run.stats.step_samples(sorted({p["name"] for p in launches.phases}))
+    measured = sorted({p["name"] for p in launches.phases})
+    samples: list[StepSample] = run.stats.step_samples(measured)
     launches.say(f"      baseline: {len(samples)} step-time samples in {run.total_s:.0f} s")
-    return samples
+    return samples, run.stats.step_samples(measured, statistic="mean")
 
 
 def _profile_one(
@@ -217,6 +223,7 @@ def _profile_one(
         parallel_drafting=drafter.parallel_drafting,
         drafter_layers=drafter.layers,
         baseline_samples=list(template.baseline_samples),
+        baseline_means=list(template.baseline_means),
     )
     max_k = result.max_k
     config = SpecConfig(drafter.method, drafter.name, max_k, drafter.parallel_drafting)
@@ -239,6 +246,7 @@ def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], 
     measured = sorted({p["name"] for p in raw["phases"]})
     result.acceptance = acceptance_per_class(stats, result.max_k, measured)
     result.step_samples = stats.step_samples(measured, sequential=sequential)
+    result.step_means = stats.step_samples(measured, sequential=sequential, statistic="mean")
     model = fit_cost_model(result.step_samples + result.baseline_samples, sequential=sequential)
     result.cost_model = model
     result.fit_error = None if model is None else model.fit_error()

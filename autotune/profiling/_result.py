@@ -53,6 +53,13 @@ class ProfileResult:
     baseline_samples: list[StepSample] = field(default_factory=list)
     """Step times of the shared no-speculation launch (``profile(baseline=True)``; drafter_ran=False), measured.
     They are in the cost-model fit and the stored step costs, so T(B, 0) without a drafter is identified."""
+    step_means: list[StepSample] = field(default_factory=list)
+    """``step_samples``' shapes at their *mean* step time (summed ms / steps), measured: what a run pays per step
+    (step times have a tail, so the mean is above the median). Not in ``cost_model`` (a fit on the medians); the
+    simulator prices steps with the model refitted on these and ``baseline_means`` (stored in the profile's notes,
+    ``step_means``: `step_means_entry`). Empty: not recorded (profiles analysed before 2026-12-03)."""
+    baseline_means: list[StepSample] = field(default_factory=list)
+    """``baseline_samples``' shapes at their mean step time, measured (empty without a baseline launch)."""
     profile_id: int | None = None
     """Id in the store (None when not stored)."""
     outputs: dict[str, list[list[int]]] | None = None
@@ -85,6 +92,7 @@ class ProfileResult:
             },
             "step_samples": step_cost_entries(self.step_samples),
             "baseline_samples": step_cost_entries(self.baseline_samples),
+            "step_means": step_means_entry(self),
             "cost_model": None if self.cost_model is None else self.cost_model.to_dict(),
             "fit_error": self.fit_error,
             "metrics_check": self.metrics_check,
@@ -98,6 +106,15 @@ class ProfileResult:
             "profile_id": self.profile_id,
         }
 
+
+
+def step_means_entry(result: ProfileResult) -> dict[str, Any] | None:
+    """The profile's per-shape mean step times as stored (``notes["step_means"]`` of a stored profile, ``step_means``
+    of `ProfileResult.to_dict`): ``{"speculative": [...], "baseline": [...]}`` in the ``step_costs`` form, ms
+    (measured); None when the profile recorded none."""
+    if not result.step_means:
+        return None
+    return {"speculative": step_cost_entries(result.step_means), "baseline": step_cost_entries(result.baseline_means)}
 
 
 def store_profile(store: Any, result: ProfileResult, workload: Workload, environment: Mapping[str, Any]) -> int:
@@ -121,6 +138,9 @@ def store_profile(store: Any, result: ProfileResult, workload: Workload, environ
         "step_time": "schedule() entry to Scheduler.update_from_output() return, decode-only steps, median ms; "
         "the drafter ran in every step (depth applied by trimming)",
     }
+    means = step_means_entry(result)
+    if means is not None:
+        notes["step_means"] = means
     return int(
         store.add_profile(
             result.model,

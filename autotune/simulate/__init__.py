@@ -77,8 +77,8 @@ from autotune.simulate._terms import (
     drafter_token_ms,
     idle_drafter_ms,
     mean_cost_model,
-    mean_step_samples,
     model_config,
+    profile_step_means,
     profile_terms,
 )
 
@@ -125,7 +125,6 @@ __all__ = [
     "load_traces",
     "mean_context",
     "mean_cost_model",
-    "mean_step_samples",
     "model_config",
     "off_step_mode",
     "oracle_result",
@@ -133,6 +132,7 @@ __all__ = [
     "phases_from_workload",
     "predict",
     "profile_setup",
+    "profile_step_means",
     "profile_terms",
     "published_profiles",
     "run_configs",

@@ -8,7 +8,9 @@ Two starting points:
 - `profile_setup`: a stored profile (``peagle-tune profile``): its measured acceptance per class and its fitted
   `policies.StepCostModel` (`FittedStepCost`), completed by the terms the fit cannot see (`profile_terms`: a skipped
   drafter's step measured in the profile, the drafter's cost per extra token derived from the two models' shapes).
-  This is how the CPU fixtures are simulated for validation.
+  Steps are priced with the same model refitted on the profile's per-shape *mean* step times when it recorded them
+  (`mean_cost_model`: a run pays the mean step; the stored fit, which the controller starts from, is on medians),
+  else with the stored fit; the cost source says which. This is how the CPU fixtures are simulated for validation.
 
 `Setup.configs` builds, for one ``max_num_seqs``: no speculation, static K = 1..K_max, vLLM's batch-size schedule
 (best K per batch size predicted from the same cost and acceptance, as ``benchmarks/bench_runtime.py`` chooses it),
@@ -47,7 +49,7 @@ from autotune.simulate._cost import (
     controller_cost_model,
 )
 from autotune.simulate._requests import Phase
-from autotune.simulate._terms import ProfileTerms, profile_terms
+from autotune.simulate._terms import ProfileTerms, mean_cost_model, profile_step_means, profile_terms
 from autotune.spec import MAX_K, SpecConfig
 from autotune.workloads import REFERENCE_FOR_CLASS
 from policies import AcceptanceProfile, RequestPolicy, StepCostModel
@@ -296,15 +298,19 @@ def profile_setup(
     device: str | None = None,
     terms: ProfileTerms | None = None,
     off_steps: str | None = None,
+    step_means: bool = True,
 ) -> Setup:
     """A stored profile (a `store.ProfileRecord`, its dict, or a `autotune.profiling.ProfileResult`): measured
-    acceptance per class and the fitted step-cost model (see the module docstring). ``terms``: the step-cost terms
-    beyond the fit; None derives them from the record (`profile_terms`), ``ProfileTerms()`` prices none.
+    acceptance per class and the fitted step-cost model (see the module docstring). ``step_means``: price steps
+    with the model refitted on the profile's per-shape means when it has them (`profile_step_means`); False: the
+    stored fit (on medians) as it is. The controller starts from the stored fit either way, as in production.
+    ``terms``: the step-cost terms beyond the fit; None derives them from the record (`profile_terms`; from the
+    per-shape means and the refit when steps are priced with them), ``ProfileTerms()`` prices none.
     ``off_steps``: what drafter-width control's off-steps do (e.g. as an engine's plugin statistics recorded it);
     None: `off_step_mode` of the record's ``method``."""
     from autotune.profiling import predictor_from_profile
 
-    acceptance, cost_model = predictor_from_profile(record)
+    acceptance, fit = predictor_from_profile(record)
 
     def get(key: str) -> Any:
         return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
@@ -319,11 +325,18 @@ def profile_setup(
         )
     pid = get("id") if get("id") is not None else get("profile_id")
     label = f"measured profile #{pid}" if pid is not None else "measured profile"
+    means = profile_step_means(record) if step_means else None
+    if means is None:
+        cost_model, source, terms_record = fit, "fit on per-shape medians", record
+    else:
+        cost_model, source = mean_cost_model(fit, *means), "fit on per-shape means"
+        terms_record = {"step_samples": means[0], "baseline_samples": means[1], "model": get("model"),
+                        "drafter": get("drafter")}
     if terms is None:
-        terms = profile_terms(record, cost_model)
-    cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label}", step_overhead_ms=step_overhead_ms,
-                          drafter_token_ms=terms.drafter_token_ms, idle_drafter_ms=terms.idle_drafter_ms,
-                          draft_fetch_ms=terms.draft_fetch_ms)
+        terms = profile_terms(terms_record, cost_model)
+    cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label} ({source})",
+                          step_overhead_ms=step_overhead_ms, drafter_token_ms=terms.drafter_token_ms,
+                          idle_drafter_ms=terms.idle_drafter_ms, draft_fetch_ms=terms.draft_fetch_ms)
     model_acc = AcceptanceModel(
         {c: acceptance[c] for c in classes}, max_k, autocorrelation=autocorrelation, traces=traces, seed=seed,
         source=label,
@@ -332,7 +345,6 @@ def profile_setup(
     dev = device or get("device") or (provenance.get("device") if isinstance(provenance, Mapping) else None)
     if dev is None and provenance is not None:
         dev = getattr(provenance, "device", None)
-    fit = cost_model
     if off_steps is not None and off_steps not in OFF_STEP_MODES:
         raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {off_steps!r}.")
     off = off_step_mode(get("method")) if off_steps is None else off_steps

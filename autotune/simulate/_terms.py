@@ -18,7 +18,9 @@ And one refit: `mean_cost_model`. The profile's samples are the *median* step ti
 is the sum of its steps, i.e. their *mean* times the count, and CPU steps have a tail (the profile's speculative
 launch at B = 1, depth 1: median 5.47 ms, mean 5.67 ms). The plugin statistics of the profile's launches record each
 shape's sum and count, so the simulator can refit the same linear model on the per-shape means
-(`mean_step_samples`) and price steps as a run pays them.
+(``PluginStats.step_samples(statistic="mean")`` of `policies.plugin`) and price steps as a run pays them. A profile
+analysed since 2026-12-03 keeps those means (`profile_step_means`: ``notes["step_means"]`` of a stored profile), and
+`profile_setup` prices with the refit when they are there.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ __all__ = [
     "drafter_token_ms",
     "idle_drafter_ms",
     "mean_cost_model",
-    "mean_step_samples",
     "model_config",
+    "profile_step_means",
     "profile_terms",
 ]
 
@@ -73,44 +75,42 @@ def idle_drafter_ms(step_samples: Iterable[Any], baseline_samples: Iterable[Any]
     return max(excess / weight, 0.0), weight
 
 
-def mean_step_samples(
-    stats: Mapping[str, Any], phases: Iterable[str] | None = None, *, sequential: bool = False
-) -> list[StepSample]:
-    """A launch's decode steps as `StepSample`s with each shape's *mean* step time (ms, measured).
+def profile_step_means(record: Any) -> tuple[list[StepSample], list[StepSample]] | None:
+    """A profile's per-shape *mean* step times (ms, measured), as (speculative launch, no-speculation launch), or
+    None when it recorded none (profiles analysed before 2026-12-03).
 
-    ``stats``: the plugin statistics of one launch (a ``plugin-stats.json`` document: ``info`` and ``step_costs``,
-    each entry with ``batch_size``, ``depth``, ``verified_tokens``, ``drafting_depth``, ``n`` and ``sum_ms`` or
-    ``mean_ms``). Pooled the way `policies.plugin.PluginStats.step_samples` pools them (phases ``phases``, default
-    every phase but ``warmup``; steps with prompt tokens, ``depth`` None, left out; ``sequential``: keyed by drafting
-    depth and only steps that drafted their verified depth), but each sample is ``sum of step times / steps`` instead
-    of the median: what a run of that shape pays per step."""
-    info = stats.get("info") or {}
-    speculative = int(info.get("num_speculative_tokens", 1) or 0) != 0
-    skips = bool((info.get("drafter_width") or {}).get("skip_drafter"))
-    wanted = None if phases is None else set(phases)
-    pooled: dict[tuple[int, int, int, bool], tuple[int, float]] = {}
-    for e in stats.get("step_costs") or ():
-        phase = str(e.get("phase"))
-        if (phase == "warmup" if wanted is None else phase not in wanted) or e.get("depth") is None:
-            continue
-        d, dd, n = int(e["depth"]), int(e.get("drafting_depth") or 0), int(e["n"])
-        if sequential and dd != d:
-            continue
-        if n <= 0:
-            continue
-        total = float(e["sum_ms"]) if e.get("sum_ms") is not None else float(e["mean_ms"]) * n
-        ran = speculative and (dd > 0 or not skips)
-        key = (int(e["batch_size"]), d, int(e["verified_tokens"]), ran)
-        count, ms = pooled.get(key, (0, 0.0))
-        pooled[key] = (count + n, ms + total)
-    return [StepSample(b, d, ms / n, n=n, verified_tokens=v, drafter_ran=ran)
-            for (b, d, v, ran), (n, ms) in sorted(pooled.items())]
+    ``record``: an `autotune.profiling.ProfileResult` (``step_means``, ``baseline_means``), its ``to_dict()``
+    (``step_means``), or a stored profile (`store.ProfileRecord` or its dict: ``notes["step_means"]``); the stored
+    form is ``{"speculative": [...], "baseline": [...]}`` in the ``step_costs`` form."""
+    raw = _get(record, "step_means")
+    if raw is None:
+        notes = _get(record, "notes")
+        raw = notes.get("step_means") if isinstance(notes, Mapping) else None
+    if isinstance(raw, Mapping):
+        speculative, baseline = raw.get("speculative") or (), raw.get("baseline") or ()
+    elif isinstance(raw, Sequence) and not isinstance(raw, str):
+        speculative, baseline = raw, _get(record, "baseline_means") or ()
+    else:
+        return None
+    out = [_samples(speculative), _samples(baseline)]
+    return (out[0], out[1]) if out[0] else None
+
+
+def _samples(entries: Iterable[Any]) -> list[StepSample]:
+    return [
+        e if isinstance(e, StepSample) else StepSample(
+            int(e["batch_size"]), int(e["depth"]), float(e["step_ms"]), n=int(e.get("n") or 1),
+            verified_tokens=None if e.get("verified_tokens") is None else int(e["verified_tokens"]),
+            drafter_ran=None if e.get("drafter_ran") is None else bool(e["drafter_ran"]),
+        )
+        for e in entries
+    ]
 
 
 def mean_cost_model(
     like: StepCostModel, speculative: Sequence[StepSample], baseline: Sequence[StepSample]
 ) -> StepCostModel:
-    """The profile's linear step-cost model refitted on per-shape means (`mean_step_samples` of its speculative and
+    """The profile's linear step-cost model refitted on per-shape means (`profile_step_means`: its speculative and
     its no-speculation launch), with ``like``'s form (``sequential``, ``forgetting``): see the module docstring."""
     return StepCostModel.fit([*speculative, *baseline], sequential=like.sequential, forgetting=like.forgetting)
 

@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from policies import AcceptanceProfile, StepSample, StepTally
 from policies.errors import PluginConfigError
@@ -320,17 +320,27 @@ class PluginStats:
         return out
 
     def step_samples(
-        self, phases: Iterable[str] | None = None, *, sequential: bool = False, uniform_only: bool = True
+        self,
+        phases: Iterable[str] | None = None,
+        *,
+        sequential: bool = False,
+        uniform_only: bool = True,
+        statistic: Literal["median", "mean"] = "median",
     ) -> list[StepSample]:
         """Measured step times as `StepSample`s, one per (batch size, depth[, drafting depth]) with the median.
 
-        Phases are pooled. ``sequential``: the drafting depth (drafter passes) is the sample's depth and only steps
-        whose drafting depth equals the verified depth are kept, so each sample has one K; otherwise (parallel
-        drafting, one drafter pass at the configured K) the verified depth is. The drafter ran in every step
-        (depth applied by trimming, or a drafting width > 0), so ``drafter_ran=True``, except when the engine had no
-        speculative decoding (``info["num_speculative_tokens"] == 0``: a no-speculation baseline) and, when the
-        workers skipped off-steps (``info["drafter_width"]["skip_drafter"]``), for steps of drafting depth 0.
+        ``statistic="mean"``: each shape's mean instead (its summed step time / its steps: what a run of that shape
+        pays per step, since a run's duration is the sum of its steps; step times have a tail, so the mean is above
+        the median). Phases are pooled (``phases``: those only; None: every phase). ``sequential``: the drafting
+        depth (drafter passes) is the sample's depth and only steps whose drafting depth equals the verified depth
+        are kept, so each sample has one K; otherwise (parallel drafting, one drafter pass at the configured K) the
+        verified depth is. The drafter ran in every step (depth applied by trimming, or a drafting width > 0), so
+        ``drafter_ran=True``, except when the engine had no speculative decoding (``info["num_speculative_tokens"]
+        == 0``: a no-speculation baseline) and, when the workers skipped off-steps
+        (``info["drafter_width"]["skip_drafter"]``), for steps of drafting depth 0.
         """
+        if statistic not in ("median", "mean"):
+            raise ValueError(f"statistic must be 'median' or 'mean', but got {statistic!r}.")
         speculative = self.info.get("num_speculative_tokens", 1) != 0
         skips = bool((self.info.get("drafter_width") or {}).get("skip_drafter"))
         pooled: dict[tuple[int, int, int, bool], tuple[list[float], int, float]] = {}
@@ -350,11 +360,11 @@ class PluginStats:
         for (b, d, v, ran), (samples, n, total_ms) in sorted(pooled.items()):
             samples.sort()
             mid = len(samples) // 2
-            if not samples:  # shapes beyond max_cost_keys keep no samples: their mean
-                median = total_ms / n
+            if statistic == "mean" or not samples:  # shapes beyond max_cost_keys keep no samples: their mean
+                ms = total_ms / n
             else:
-                median = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
-            out.append(StepSample(b, d, float(median), n=n, verified_tokens=v, drafter_ran=ran))
+                ms = samples[mid] if len(samples) % 2 else 0.5 * (samples[mid - 1] + samples[mid])
+            out.append(StepSample(b, d, float(ms), n=n, verified_tokens=v, drafter_ran=ran))
         return out
 
     def totals(self) -> dict[str, Any]:
