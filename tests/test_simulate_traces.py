@@ -54,6 +54,26 @@ def test_trace_recording_is_bounded() -> None:
     assert len(stats._open_traces) <= 2
 
 
+def test_kept_traces_are_a_uniform_sample_of_the_requests_in_arrival_order() -> None:
+    # 200 requests one after another, each verifying drafts for 2 steps; 10 traces kept. The class names the quarter of
+    # the arrival order a request came in. A uniform sample puts 25% of the kept traces in each quarter: over 200
+    # seeds (2000 kept traces) a quarter's share has a standard deviation of sqrt(0.25 * 0.75 / 2000) = 0.0097.
+    kept = dict.fromkeys(("q0", "q1", "q2", "q3"), 0)
+    for seed in range(200):
+        stats = PluginStats(max_traces=10, seed=seed)
+        for i in range(200):
+            for _ in range(2):
+                _step(stats, [(f"r{i}", f"q{i // 50}", 2, 1)])
+        for _ in range(130):  # one request that never drafts: the last ones close, it is dropped
+            _step(stats, [("idle", "chat", 0, 0)])
+        traces = stats.traces()
+        assert len(traces) == 10
+        for t in traces:
+            kept[t["class"]] += 1
+    shares = [n / 2000 for n in kept.values()]
+    assert all(abs(x - 0.25) < 4 * 0.0097 for x in shares), shares
+
+
 def test_recorded_traces_drive_the_simulation(tmp_path: Path) -> None:
     stats = PluginStats()
     for _ in range(30):

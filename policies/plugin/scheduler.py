@@ -156,7 +156,8 @@ class PeagleScheduler(Scheduler):
         self._next_depth: dict[str, int] = {}  # verified depth of the next step per request
         self._drafting_depth = 0
         self._labels = _PerRequest()  # request id -> Labeled
-        self._class_phase: dict[str, tuple[Any, tuple[str, str]]] = {}  # request id -> (request, (class, phase))
+        # request id -> (request, (class, phase), traced: `PluginStats.admit_trace` said to record its steps)
+        self._class_phase: dict[str, tuple[Any, tuple[str, str], bool]] = {}
         # Last step's batch (request ids, request objects, controller views) and (decision or base depth, rules,
         # depths): a step with the same requests skips re-labelling and re-syncing the tracked batch, and reuses the
         # depths when the decision (or the static / plan base depth) and the rules are the same as last step's.
@@ -349,7 +350,9 @@ class PeagleScheduler(Scheduler):
         if request is not None:
             if len(self._class_phase) > 2 * len(self.requests) + 256:
                 self._class_phase = {r: e for r, e in self._class_phase.items() if self.requests.get(r) is e[0]}
-            self._class_phase[req_id] = (request, label)
+            stats = self._stats
+            traced = stats is not None and stats.admit_trace(req_id, *label)
+            self._class_phase[req_id] = (request, label, traced)
         return label
 
     # ---------------------------------------------------------------------------------------------- hooks
@@ -522,7 +525,7 @@ class PeagleScheduler(Scheduler):
         self, output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> tuple[StepTally, list[_Row], int]:
         """The step's outcomes counted per (class, phase) (`StepTally`, what the controller, stats and metrics
-        consume); per scheduled request (request id, class, phase, drafted, accepted) for the stats' traces; the
+        consume); per traced request (request id, class, phase, drafted, accepted) for the stats' traces; the
         drafting depth."""
         sampled = runner_output.sampled_token_ids
         index = runner_output.req_id_to_index
@@ -537,7 +540,7 @@ class PeagleScheduler(Scheduler):
         cached = self._class_phase
         requests = self.requests
         outcomes = tally.outcomes
-        verified = deepest = 0
+        verified = deepest = size = 0
         for req_id, n in output.num_scheduled_tokens.items():
             scheduled = spec.get(req_id)
             if not scheduled:  # no draft verified (the common case at depth 0 and in prefill): `request_outcome`
@@ -565,7 +568,12 @@ class PeagleScheduler(Scheduler):
             prompt_tokens += prompt
             # (class, phase), cached per request (`_label`): also the tally's key (`StepTally.add` inline)
             entry = cached.get(req_id)
-            key = entry[1] if entry is not None and entry[0] is requests.get(req_id) else label(req_id)
+            if entry is None or entry[0] is not requests.get(req_id):
+                key = label(req_id)
+                entry = cached.get(req_id)
+                traced = entry is not None and entry[1] is key and entry[2]
+            else:
+                key, traced = entry[1], entry[2]
             per_key = outcomes.get(key)
             if per_key is None:
                 per_key = outcomes[key] = {}
@@ -574,13 +582,15 @@ class PeagleScheduler(Scheduler):
             verified += drafted + 1
             if drafted > deepest:
                 deepest = drafted
-            rows.append((req_id, key[0], key[1], drafted, accepted))
-        tally.size, tally.verified, tally.deepest, tally.prompt_tokens = len(rows), verified, deepest, prompt_tokens
+            if traced:  # the request's steps are recorded (`PluginStats.admit_trace`)
+                rows.append((req_id, key[0], key[1], drafted, accepted))
+            size += 1
+        tally.size, tally.verified, tally.deepest, tally.prompt_tokens = size, verified, deepest, prompt_tokens
         return tally, rows, self._drafting_depth
 
     def _record(self, observed: tuple[StepTally, list[_Row], int], step_ms: float | None) -> None:
         tally, rows, drafting = observed
-        if not rows:  # nothing was scheduled (an idle step): not an engine step worth recording
+        if not tally.size:  # nothing was scheduled (an idle step): not an engine step worth recording
             return
         assert self._stats is not None
         self._stats.observe_tally(tally, step_ms=step_ms, drafting_depth=drafting, traces=rows)

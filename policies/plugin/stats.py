@@ -84,7 +84,10 @@ class PluginStats:
 
     ``traces`` (when `observe_step` gets request ids): per request, its (verified, accepted) drafts step by step, for
     the simulator (`autotune.simulate`). Bounded: at most ``max_trace_steps`` steps per request and ``max_traces``
-    finished requests (a uniform reservoir sample); a request unseen for ``_TRACE_IDLE_STEPS`` steps is finished.
+    finished requests, a uniform reservoir sample of the requests in arrival order (`admit_trace`, which decides when
+    a request is first seen, so a request that will not be kept costs nothing per step: once the reservoir is full,
+    almost none are traced); a request unseen for ``_TRACE_IDLE_STEPS`` steps is finished, and one that never
+    verified a draft is dropped then.
     """
 
     def __init__(
@@ -111,7 +114,8 @@ class PluginStats:
         self._open_traces: dict[str, tuple[str, str, array[int], list[int]]] = {}
         self._traces: list[dict[str, Any]] = []
         self._trace_json: list[str | None] = []  # json.dumps of each finished trace, cached (they never change)
-        self._traces_closed = 0
+        self._trace_offers = 0  # requests offered to the trace reservoir (`admit_trace`)
+        self._untraced: dict[str, int] = {}  # request id -> last step seen, for requests `admit_trace` turned down
         self.info: dict[str, Any] = {}
         """Engine facts the plugin saw (K, method, parallel drafting, drafting-depth lowering, mode)."""
         self.steps = 0
@@ -226,17 +230,37 @@ class PluginStats:
             self.draft_fetches += 1
             self.draft_fetch_ms += ms
 
+    def admit_trace(self, request_id: str, cls: str, phase: str) -> bool:
+        """Offer a request seen for the first time to the trace reservoir: whether its steps are to be recorded.
+
+        Reservoir sampling (Algorithm R) in arrival order: the first ``max_traces`` requests are traced, the n-th
+        with probability ``max_traces / n``, and a kept trace replaces a uniformly chosen finished one when it
+        finishes. The scheduler plugin asks once per request and passes only traced requests' rows."""
+        if self.max_traces <= 0:
+            return False
+        self._trace_offers += 1
+        n = self._trace_offers
+        if n > self.max_traces and self._rng.randrange(n) >= self.max_traces:
+            return False
+        self._open_traces[request_id] = (self._class_labels.admit(cls), self._phase_labels.admit(phase), array("L"),
+                                         [self.steps])
+        return True
+
     def _observe_traces_rows(self, rows: Sequence[tuple[str, str, str, int, int]]) -> None:
-        """Per-request traces from (request id, class, phase, drafted, accepted) rows; labels are admitted only when a
-        request's trace opens (it keeps them), so a step costs one dict lookup and one append per request."""
+        """Per-request traces from (request id, class, phase, drafted, accepted) rows; a request not seen before is
+        offered to the reservoir (`admit_trace`), so a step costs one dict lookup and one append per traced
+        request."""
         step = self.steps
         open_traces = self._open_traces
+        untraced = self._untraced
         limit = 2 * self.max_trace_steps
         for rid, c, p, d, a in rows:
             entry = open_traces.get(rid)
             if entry is None:
-                entry = open_traces[rid] = (self._class_labels.admit(c), self._phase_labels.admit(p), array("L"),
-                                            [step])
+                if rid in untraced or not self.admit_trace(rid, c, p):
+                    untraced[rid] = step
+                    continue
+                entry = open_traces[rid]
             steps = entry[2]
             if len(steps) < limit:
                 steps.append(d)
@@ -245,21 +269,21 @@ class PluginStats:
         if step % _TRACE_IDLE_STEPS == 0:
             for rid in [r for r, e in open_traces.items() if step - e[3][0] >= _TRACE_IDLE_STEPS]:
                 self._close_trace(rid)
+            if untraced:
+                self._untraced = {r: last for r, last in untraced.items() if step - last < _TRACE_IDLE_STEPS}
 
     def _close_trace(self, rid: str) -> None:
         cls, phase, flat, _ = self._open_traces.pop(rid)
         if not any(flat[0::2]):  # never verified a draft: nothing to replay
             return
         trace = {"class": cls, "phase": phase, "steps": _pairs(flat)}
-        self._traces_closed += 1
         if len(self._traces) < self.max_traces:
             self._traces.append(trace)
             self._trace_json.append(None)
-        else:  # reservoir sampling keeps a uniform sample of all finished requests
-            j = self._rng.randrange(self._traces_closed)
-            if j < self.max_traces:
-                self._traces[j] = trace
-                self._trace_json[j] = None
+        else:  # the reservoir's replacement (`admit_trace` already drew this request in)
+            j = self._rng.randrange(self.max_traces)
+            self._traces[j] = trace
+            self._trace_json[j] = None
 
     def traces(self) -> list[dict[str, Any]]:
         """Recorded per-request traces: ``{"class", "phase", "steps": [[verified, accepted], ...]}`` (measured);
