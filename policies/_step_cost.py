@@ -134,7 +134,7 @@ class StepCostModel:
         if not 0.0 < forgetting <= 1.0:
             raise ValueError(f"forgetting must be in (0, 1], e.g. 0.99, but got {forgetting}.")
         self.forgetting = float(forgetting)
-        self._theta = np.asarray(values, dtype=float)  # coefficients used for predictions, all >= 0
+        self._theta = values  # coefficients used for predictions, all >= 0 (plain floats, see `_prior`)
         self._stale = False  # updates arrived since `_theta` was solved (solved once, when next read)
         # Online refinement (`update`), created at the first update: the prior's (information, rhs) and the
         # forgotten data's.
@@ -156,7 +156,7 @@ class StepCostModel:
     @property
     def coefficients(self) -> dict[str, float]:
         """Current coefficients in ms per unit of each feature."""
-        return {n: float(v) for n, v in zip(self.feature_names, self._solved(), strict=True)}
+        return dict(zip(self.feature_names, self._solved(), strict=True))
 
     def features(
         self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int
@@ -185,7 +185,8 @@ class StepCostModel:
         self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int = 0
     ) -> float:
         """Predicted step time in ms for B requests verifying V tokens in total (per-request depths)."""
-        return float(self.features(batch_size, verified_tokens, drafter_ran, draft_depth) @ self._solved())
+        row = self._row(batch_size, verified_tokens, drafter_ran, draft_depth)
+        return float(sum(x * t for x, t in zip(row, self._solved(), strict=True)))
 
     def goodput(
         self, batch_size: int, depth: int, acceptance_length: float, drafter_ran: bool | None = None
@@ -238,7 +239,7 @@ class StepCostModel:
         x, y, w = model._design(samples)
         scale = np.sqrt(w) / y
         theta, _ = optimize.nnls(x * scale[:, None], y * scale)
-        model._theta = np.asarray(theta, dtype=float)
+        model._theta = [float(v) for v in theta]
         model._fit_samples = samples
         model._fit_stats = model._error_stats(samples)
         return model
@@ -271,7 +272,7 @@ class StepCostModel:
 
     def _error_stats(self, samples: Sequence[StepSample]) -> dict[str, float]:
         x, y, w = self._design(samples)
-        pred = x @ self._solved()
+        pred = x @ np.asarray(self._solved())
         rel = np.abs(pred - y) / y
         mean = float(np.average(y, weights=w))
         ss_tot = float(np.sum(w * (y - mean) ** 2))
@@ -330,7 +331,7 @@ class StepCostModel:
         self._solved()
         return None if self._noise2 is None else math.sqrt(self._noise2)
 
-    def _solved(self) -> np.ndarray:
+    def _solved(self) -> list[float]:
         """The coefficients, re-solved if updates arrived since (so a batch of updates costs one NNLS).
 
         The prior's weight relative to one measured step is ``noise**2 / prior_error**2`` (`update`). The noise is
@@ -349,8 +350,8 @@ class StepCostModel:
             info = [[k * p + v for p, v in zip(prow, row, strict=True)]
                     for prow, row in zip(prior_info, self._info, strict=True)]
             rhs = [k * p + v for p, v in zip(prior_rhs, self._rhs, strict=True)]
-            support = [i for i, v in enumerate(self._theta.tolist()) if v > 0]
-            self._theta = np.asarray(_nonnegative_solve(info, rhs, support), dtype=float)
+            support = [i for i, v in enumerate(self._theta) if v > 0]
+            self._theta = _nonnegative_solve(info, rhs, support)
             self._stale = False
         return self._theta
 
@@ -371,7 +372,7 @@ class StepCostModel:
         rows = []
         for b, v, ran, depth in shapes:
             x = self.features(b, v, ran, depth)
-            pred = float(x @ self._theta)
+            pred = float(x @ np.asarray(self._theta))
             if pred > 0:
                 rows.append(x / pred)
         if not rows:  # an all-zero model says nothing: an almost flat prior
