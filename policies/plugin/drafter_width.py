@@ -347,8 +347,10 @@ class _Patch:
         batch = runner.input_batch
         n = batch.num_reqs
         computed = batch.num_computed_tokens_cpu
+        holes = self.sync.holes
         for i, req_id in enumerate(batch.req_ids[:n]):
-            self.sync.mark_skipped(req_id, int(computed[i]), req_id in fresh)
+            if req_id not in holes:  # a later skipped step leaves the hole where it starts (`mark_skipped`)
+                self.sync.mark_skipped(req_id, int(computed[i]), req_id in fresh)
         self.counters["skipped_steps"] += 1
         if getattr(runner, "valid_sampled_token_count_event", None) is None:
             # Synchronous: no drafts as lists (as vLLM's n-gram proposer returns them), so the runner skips its
@@ -551,7 +553,10 @@ def _decode_only(scheduler_output: Any) -> bool:
     if scheduler_output.scheduled_new_reqs:
         return False
     spec = scheduler_output.scheduled_spec_decode_tokens
-    return all(n == 1 + len(spec.get(r, ())) for r, n in scheduler_output.num_scheduled_tokens.items())
+    scheduled = scheduler_output.num_scheduled_tokens
+    if not spec:  # one token per request (every request schedules at least one): O(1), the off-step case
+        return scheduler_output.total_num_scheduled_tokens == len(scheduled)
+    return all(n == 1 + len(spec.get(r, ())) for r, n in scheduled.items())
 
 
 def _fresh_requests(scheduler_output: Any) -> frozenset[str]:

@@ -165,6 +165,10 @@ class PeagleScheduler(Scheduler):
         self._last_members: list[Any] = []
         self._last_views: list[Any] = []
         self._last_depths: tuple[Any, DepthRules, dict[str, int]] | None = None
+        # The observation of the last off-step (no draft verified, no prompt token) of this batch, which every further
+        # off-step of the same batch repeats (`_observe`), and the output whose decoding requests are `_last_ids`.
+        self._off_observed: tuple[StepTally, list[_Row]] | None = None
+        self._batch_output: SchedulerOutput | None = None
         self._labeler = RequestLabeler()
         self._last_flush = time.monotonic()
         self._fallback_logged = False
@@ -453,6 +457,7 @@ class PeagleScheduler(Scheduler):
         """Depths for the requests that will be drafted for in this step (they verify them in the next one)."""
         self._drafting_depth = self._k
         self._planned_width = output.num_spec_tokens_to_schedule
+        self._batch_output = None
         if self._k == 0:
             return
         requests = self.requests
@@ -467,6 +472,8 @@ class PeagleScheduler(Scheduler):
         same_batch = ids == self._last_ids and members == self._last_members
         if not same_batch:
             self._last_ids, self._last_members, self._last_views = ids, members, []
+            self._off_observed = None
+        self._batch_output = output
         # What the depths follow: the controller's decision (adaptive) or the base depth (static / plan).
         key: Any = self._adaptive_decision(ids, same_batch) if config.mode == "adaptive" else (
             self._plan.next_depth(len(ids)) if self._plan is not None else rules.static_base)
@@ -527,9 +534,16 @@ class PeagleScheduler(Scheduler):
         """The step's outcomes counted per (class, phase) (`StepTally`, what the controller, stats and metrics
         consume); per traced request (request id, class, phase, drafted, accepted) for the stats' traces; the
         drafting depth."""
+        spec = output.scheduled_spec_decode_tokens
+        scheduled_tokens = output.num_scheduled_tokens
+        # An off-step of an unchanged batch (no draft verified, one token per request) observes exactly what the
+        # last off-step of that batch did: reuse it (the tally and the rows are only read downstream).
+        off_step = not spec and not self._async and output.total_num_scheduled_tokens == len(scheduled_tokens)
+        known = self._batch_output is output and len(scheduled_tokens) == len(self._last_ids)
+        if off_step and known and self._off_observed is not None:
+            return *self._off_observed, self._drafting_depth
         sampled = runner_output.sampled_token_ids
         index = runner_output.req_id_to_index
-        spec = output.scheduled_spec_decode_tokens
         bonus = self.num_sampled_tokens_per_step
         rows = []
         tally = StepTally()
@@ -541,7 +555,7 @@ class PeagleScheduler(Scheduler):
         requests = self.requests
         outcomes = tally.outcomes
         verified = deepest = size = 0
-        for req_id, n in output.num_scheduled_tokens.items():
+        for req_id, n in scheduled_tokens.items():
             scheduled = spec.get(req_id)
             if not scheduled:  # no draft verified (the common case at depth 0 and in prefill): `request_outcome`
                 drafted = accepted = 0
@@ -586,6 +600,8 @@ class PeagleScheduler(Scheduler):
                 rows.append((req_id, key[0], key[1], drafted, accepted))
             size += 1
         tally.size, tally.verified, tally.deepest, tally.prompt_tokens = size, verified, deepest, prompt_tokens
+        if off_step and known and prompt_tokens == 0:
+            self._off_observed = (tally, rows)
         return tally, rows, self._drafting_depth
 
     def _record(self, observed: tuple[StepTally, list[_Row], int], step_ms: float | None) -> None:

@@ -1,0 +1,76 @@
+"""Off-steps of an unchanged batch are observed once and repeated (the plugin's fast path): the statistics a user
+reads are exactly what counting every request in every step gives. Real vLLM ``Scheduler`` (the plugin's
+`PeagleScheduler`), fake runner outputs, synchronous engine-core order; no model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_async_depth import MODELS, PROMPT_LEN, FakeEngineCore, _runner_output
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+MAX_TOKENS = 10
+
+
+class SyncExecutor:
+    """Answers the drafter-width handshake as a synchronous worker with the patch (off-steps skip the drafter)."""
+
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()) -> list[Any]:
+        from policies.plugin.drafter_width import WorkerStatus
+
+        return [WorkerStatus(True, None, 0, k_max=4, method="draft_model", parallel=True, lower_width=True,
+                             off_steps="catch_up").to_dict()]
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from policies.plugin import CONFIG_ENV, PluginConfig
+    from policies.scheduler import PeagleScheduler
+
+    assert MODELS.is_dir()
+    config = PluginConfig(mode="static", class_depths={"none": 0}, stats_path=str(tmp_path / "stats.json"))
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    return FakeEngineCore(SyncExecutor()).build(PeagleScheduler)  # type: ignore[arg-type]
+
+
+def _add(scheduler: Any, name: str) -> None:
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, extra_args={"peagle_class": "none"})
+    scheduler.add_request(Request(name, list(range(1, PROMPT_LEN + 1)), params, None))
+
+
+def _step(scheduler: Any) -> Any:
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, _runner_output(output, {}))
+    return output
+
+
+def test_off_steps_of_an_unchanged_batch_are_counted_like_any_step(scheduler: Any) -> None:
+    # Three requests prefill together (a step with prompt tokens that samples their first token), then decode one
+    # token per step at depth 0 until their 10th. A fourth joins after 4 decode steps: its prefill shares a step with
+    # the others' 6th token, then it decodes alongside them (batch 4) and, once they are done, alone.
+    for name in ("a", "b", "c"):
+        _add(scheduler, name)
+    outputs = [_step(scheduler) for _ in range(5)]  # the prefill step and 4 decode steps
+    _add(scheduler, "d")
+    while scheduler.get_num_unfinished_requests():
+        outputs.append(_step(scheduler))
+    assert all(not o.scheduled_spec_decode_tokens for o in outputs)  # depth 0: every step is an off-step
+    stats = scheduler._stats
+    # Request-steps: 10 tokens per request, one per step, each step counted once.
+    assert stats.depth_histogram() == {0: 4 * MAX_TOKENS}
+    # Steps with prompt tokens: the first (a, b, c) and d's prefill; the rest decode.
+    assert stats.mixed_steps == 2 and stats.decode_steps == len(outputs) - 2
+    by_batch: dict[int, int] = {}
+    for e in stats.step_costs():
+        by_batch[e["batch_size"]] = by_batch.get(e["batch_size"], 0) + e["n"]
+    # a, b, c decode 9 tokens after their first: 4 steps at batch 3, the shared step with d's prefill, then 4 at batch
+    # 4; d decodes 9 tokens: 4 alongside them (batch 4) and 5 alone.
+    assert by_batch == {3: 4, 4: 4, 1: 5}
+    assert stats.step_samples() and all(s.depth == 0 and s.drafter_ran is False for s in stats.step_samples())
