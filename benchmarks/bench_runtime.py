@@ -557,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{stats.depth_histogram()}; plugin overhead {stats.overhead_ms / max(stats.steps, 1) * 1000:.0f} "
                      f"us/step over {stats.steps} steps; fallback={stats.fallback}; drafter_width "
                      f"{stats.info.get('drafter_width')}.")
+        between = [f"after a step {'with' if k == 'drafter' else 'without'} the drafter {ms / n:.2f} ms ({n} steps)"
+                   for k, (n, ms) in sorted(stats.between_steps.items()) if n]
+        if between:
+            lines.append(f"- the engine core between steps (plugin-timed, requests unfinished): {'; '.join(between)}")
         for phase in sorted(stats.phases()):
             per = {cls: {d: p.num_drafts for d, p in stats.acceptance_by_depth(cls, [phase]).items()}
                    for cls in stats.classes([phase])}

@@ -74,3 +74,38 @@ def test_off_steps_of_an_unchanged_batch_are_counted_like_any_step(scheduler: An
     # 4; d decodes 9 tokens: 4 alongside them (batch 4) and 5 alone.
     assert by_batch == {3: 4, 4: 4, 1: 5}
     assert stats.step_samples() and all(s.depth == 0 and s.drafter_ran is False for s in stats.step_samples())
+
+
+def test_time_between_steps_is_recorded_while_requests_are_unfinished_and_not_while_idle(
+    scheduler: Any, tmp_path: Path
+) -> None:
+    import time
+
+    from policies.plugin import PluginStats
+
+    gap_s = 0.02  # the engine core's work between two steps, played by a sleep
+
+    def burst(names: tuple[str, ...]) -> int:
+        for name in names:
+            _add(scheduler, name)
+        steps = 0
+        while scheduler.get_num_unfinished_requests():
+            if steps:
+                time.sleep(gap_s)
+            _step(scheduler)
+            steps += 1
+        return steps
+
+    first = burst(("a", "b"))  # both finish in the same step (10 tokens each)
+    time.sleep(1.0)  # idle: the engine waits for work, which is not time between steps
+    second = burst(("c",))
+    stats = scheduler._stats
+    # Every gap follows a step that left requests unfinished; every step was an off-step (depth 0: no drafter).
+    assert set(stats.between_steps) == {"no_drafter"}
+    n, total_ms = stats.between_steps["no_drafter"]
+    assert n == (first - 1) + (second - 1)
+    assert total_ms >= n * gap_s * 1000.0  # each gap at least its sleep; the idle second is not in it
+    assert total_ms < n * gap_s * 1000.0 + 1000.0
+    scheduler._flush(force=True)
+    loaded = PluginStats.load(scheduler._config.stats_path)
+    assert loaded.between_steps == {"no_drafter": [n, total_ms]}

@@ -37,7 +37,9 @@ forward over the verified tokens, rejection sampling, the drafter's proposal for
 output processing. Not included: ``update_draft_token_ids`` (where the trimming happens), sending outputs to the
 frontend, and idle time between steps. Only decode-only steps (no prompt token computed) become step-cost samples.
 The engine core's fetch of the drafts after a step (synchronous executors) is timed on its own (``draft_fetch`` in
-the stats: steps and summed ms).
+the stats: steps and summed ms), and so is all the time from the end of one step to the start of the next while
+requests are unfinished (``between_steps``, by whether the drafter ran in the step before; synchronous scheduling):
+the draft fetch, ``update_draft_token_ids``, outputs to the frontend, new requests.
 
 Acceptance (per request and step, in ``update_from_output``): drafted = the draft tokens scheduled for verification
 (``scheduled_spec_decode_tokens``, placeholders -1 excluded); accepted = sampled tokens minus the one bonus token,
@@ -169,6 +171,7 @@ class PeagleScheduler(Scheduler):
         # off-step of the same batch repeats (`_observe`), and the output whose decoding requests are `_last_ids`.
         self._off_observed: tuple[StepTally, list[_Row]] | None = None
         self._batch_output: SchedulerOutput | None = None
+        self._between_from: float | None = None  # when the last step ended, while requests were unfinished
         self._labeler = RequestLabeler()
         self._last_flush = time.monotonic()
         self._fallback_logged = False
@@ -363,10 +366,14 @@ class PeagleScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         t0 = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        drafter_ran = not self._off_step and self._k > 0  # in the step before this one
         self._off_step = False
         if self._active:
             t1 = time.perf_counter()
             try:
+                if self._between_from is not None and self._stats is not None:
+                    self._stats.observe_between_steps((t0 - self._between_from) * 1000.0, drafter_ran)
+                self._between_from = None
                 self._t0[id(output)] = t0
                 self._decide(output)
             except Exception as exc:
@@ -442,7 +449,10 @@ class PeagleScheduler(Scheduler):
                     self._metrics.call("push")
             except Exception as exc:
                 self._fail("update_from_output", exc)
+                idle = True
             self._add_overhead(t_end)
+            # The time to the next step is the engine core's (`PluginStats.between_steps`), unless it waits for work.
+            self._between_from = None if idle or self._async else time.perf_counter()
         return outputs
 
     def shutdown(self) -> None:

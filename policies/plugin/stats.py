@@ -131,6 +131,11 @@ class PluginStats:
         """Draft fetches timed (the engine core's ``take_draft_token_ids`` after a step; none after an off-step)."""
         self.draft_fetch_ms = 0.0
         """Their summed wall time, ms (host time outside ``step_ms``)."""
+        self.between_steps: dict[str, list[float]] = {}
+        """Wall time from the end of one step (the plugin's work included) to the start of the next while requests
+        were unfinished, i.e. the engine core's work between steps (the draft fetch, outputs to the client, new
+        requests), by whether the drafter ran in the step before (``"drafter"``, ``"no_drafter"``): [count, summed
+        ms]. Synchronous scheduling only (async overlaps steps)."""
         self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
         self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
         # `totals` and `class_counts` are sums over the acceptance rows (not counted step by step); a loaded file
@@ -223,6 +228,16 @@ class PluginStats:
             if j < entry.room:
                 entry.samples[j] = step_ms
                 entry.json = None
+
+    def observe_between_steps(self, ms: float, drafter_ran: bool) -> None:
+        """The engine core spent ``ms`` (wall) between a step whose drafter ran (or not) and the next step."""
+        if math.isfinite(ms) and ms >= 0:
+            key = "drafter" if drafter_ran else "no_drafter"
+            entry = self.between_steps.get(key)
+            if entry is None:
+                entry = self.between_steps[key] = [0, 0.0]
+            entry[0] += 1
+            entry[1] += ms
 
     def observe_draft_fetch(self, ms: float) -> None:
         """One draft fetch that took ``ms`` (wall)."""
@@ -447,6 +462,7 @@ class PluginStats:
             "errors": list(self.errors),
             "overhead_ms": self.overhead_ms,
             "draft_fetch": {"n": self.draft_fetches, "sum_ms": self.draft_fetch_ms},
+            "between_steps": {k: {"n": int(n), "sum_ms": ms} for k, (n, ms) in sorted(self.between_steps.items())},
             "totals": self.totals(),
             "depth_histogram": {str(k): v for k, v in self.depth_histogram().items()},
             "acceptance": [
@@ -511,6 +527,9 @@ class PluginStats:
             stats.overhead_ms = float(data.get("overhead_ms", 0.0))
             fetch = data.get("draft_fetch") or {}
             stats.draft_fetches, stats.draft_fetch_ms = int(fetch.get("n", 0)), float(fetch.get("sum_ms", 0.0))
+            stats.between_steps = {
+                str(k): [int(v["n"]), float(v["sum_ms"])] for k, v in (data.get("between_steps") or {}).items()
+            }
             totals = data["totals"]
             loaded = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
             loaded_per_pos = [int(x) for x in totals["accepted_per_position"]]
