@@ -1,6 +1,7 @@
 """Off-steps of an unchanged batch are observed once and repeated (the plugin's fast path): the statistics a user
-reads are exactly what counting every request in every step gives. Real vLLM ``Scheduler`` (the plugin's
-`PeagleScheduler`), fake runner outputs, synchronous engine-core order; no model."""
+reads are exactly what counting every request in every step gives. The time between steps is recorded while requests
+are unfinished, never while the engine is idle. Real vLLM ``Scheduler`` (the plugin's `PeagleScheduler`), fake runner
+outputs, synchronous engine-core order; no model."""
 
 from __future__ import annotations
 

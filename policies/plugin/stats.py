@@ -132,10 +132,11 @@ class PluginStats:
         self.draft_fetch_ms = 0.0
         """Their summed wall time, ms (host time outside ``step_ms``)."""
         self.between_steps: dict[str, list[float]] = {}
-        """Wall time from the end of one step (the plugin's work included) to the start of the next while requests
-        were unfinished, i.e. the engine core's work between steps (the draft fetch, outputs to the client, new
-        requests), by whether the drafter ran in the step before (``"drafter"``, ``"no_drafter"``): [count, summed
-        ms]. Synchronous scheduling only (async overlaps steps)."""
+        """Wall time from the end of one step (after the plugin's bookkeeping in ``update_from_output``) to the start
+        of the next while requests were unfinished, i.e. the engine core's work between steps (the draft fetch and
+        ``update_draft_token_ids``, outputs to the client, new requests), by whether the drafter ran in the step
+        before (``"drafter"``, ``"no_drafter"``): [count, summed ms]. Synchronous scheduling only (async overlaps
+        steps)."""
         self._acceptance: dict[tuple[str, str, int], list[int]] = {}  # -> [num_drafts, acc_0, ..., acc_{d-1}]
         self._costs: dict[tuple[str, int, int | None, int, int], _CostKey] = {}
         # `totals` and `class_counts` are sums over the acceptance rows (not counted step by step); a loaded file
