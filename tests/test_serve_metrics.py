@@ -1,8 +1,10 @@
-"""The plugin's Prometheus series: what a user scraping /metrics sees after a decision and a step."""
+"""The plugin's Prometheus series: what a user scraping /metrics sees after a decision and a step, and that an engine
+keeps them only where /metrics can show them."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +87,32 @@ def test_a_metrics_error_turns_the_metrics_off_and_never_reaches_the_plugin(capl
     assert not guard.active
     assert "Prometheus metrics disabled after an error in observe_requests" in caplog.text
     guard.call("push")  # off: a no-op, not an error
+
+
+@pytest.mark.parametrize(
+    ("env", "kept"),
+    [
+        ({"PROMETHEUS_MULTIPROC_DIR": "prometheus"}, True),  # peagle-tune serve, vllm serve with several API servers
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, True),  # the engine core inside the API server's process
+        ({}, False),  # an offline engine, or vllm serve's engine-core process: nothing can scrape it
+    ],
+)
+def test_the_engine_keeps_the_series_only_where_metrics_can_show_them(
+    env: dict[str, str], kept: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("vllm")
+    from test_async_depth import FakeEngineCore
+    from test_plugin_off_steps import SyncExecutor
+
+    from policies.plugin import CONFIG_ENV, PluginConfig
+    from policies.scheduler import PeagleScheduler
+
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(tmp_path / value) if name == "PROMETHEUS_MULTIPROC_DIR" else value)
+    config = PluginConfig(mode="static", static_depth=2)
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    scheduler = FakeEngineCore(SyncExecutor()).build(PeagleScheduler)  # type: ignore[arg-type]
+    assert scheduler._active
+    assert scheduler._metrics.active is kept

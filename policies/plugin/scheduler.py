@@ -101,7 +101,7 @@ from policies.plugin.drafting import (
 )
 from policies.plugin.factory import build_controller, check_plugin_fault
 from policies.plugin.labels import Labeled, RequestLabeler
-from policies.plugin.metrics import GuardedMetrics
+from policies.plugin.metrics import GuardedMetrics, metrics_visible
 from policies.plugin.stats import PluginStats
 
 __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
@@ -242,9 +242,9 @@ class PeagleScheduler(Scheduler):
         if label_policy is None and config.policy is not None:
             label_policy = RequestPolicy.from_dict(dict(config.policy), source="plugin config policy")
         self._labeler = RequestLabeler.from_env(label_policy)
-        if self._k > 0:
-            # The ``peagle:*`` series (`policies.plugin.metrics`); visible in ``/metrics`` when vLLM runs with
-            # PROMETHEUS_MULTIPROC_DIR. A metrics problem disables the metrics only, never depth control.
+        if self._k > 0 and metrics_visible():
+            # The ``peagle:*`` series (`policies.plugin.metrics`), kept only where ``/metrics`` can show them (with
+            # PROMETHEUS_MULTIPROC_DIR). A metrics problem disables the metrics only, never depth control.
             controller = self._controller
             static = controller.static_k if controller is not None else self._rules.reported_static_depth
             rank = getattr(self.parallel_config, "data_parallel_rank", 0)
@@ -253,8 +253,9 @@ class PeagleScheduler(Scheduler):
         self._active = True
         logger.info(
             "PeagleScheduler: mode=%s K=%d parallel_drafting=%s lower_drafting_depth=%s skip_drafter=%s "
-            "async=%s stats=%s%s",
+            "async=%s stats=%s metrics=%s%s",
             config.mode, self._k, self._parallel, lower, self._skip, self._async, config.stats_path,
+            "on" if self._metrics.active else "off",
             "" if self._width.reason is None else f" (drafter width: {self._width.reason})",
         )
 
