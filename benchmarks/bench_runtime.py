@@ -561,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
                    for k, (n, ms) in sorted(stats.between_steps.items()) if n]
         if between:
             lines.append(f"- the engine core between steps (plugin-timed, requests unfinished): {'; '.join(between)}")
+        mixed: dict[bool, list[float]] = {}
+        for (phase, ran), entry in stats.mixed_costs.items():
+            if phase != "warmup":
+                mixed[ran] = [a + b for a, b in zip(mixed.get(ran, [0, 0.0, 0, 0]), entry, strict=True)]
+        timed = [f"{'with' if ran else 'without'} the drafter {ms / n:.2f} ms ({int(n)} steps, {tokens / n:.0f} prompt "
+                 f"tokens each)" for ran, (n, ms, tokens, _) in sorted(mixed.items(), reverse=True) if n]
+        if timed:
+            lines.append(f"- steps with prompt tokens (plugin-timed, warm-up excluded): {'; '.join(timed)}")
         for phase in sorted(stats.phases()):
             per = {cls: {d: p.num_drafts for d, p in stats.acceptance_by_depth(cls, [phase]).items()}
                    for cls in stats.classes([phase])}

@@ -1,7 +1,7 @@
-"""Off-steps of an unchanged batch are observed once and repeated (the plugin's fast path): the statistics a user
-reads are exactly what counting every request in every step gives. The time between steps is recorded while requests
-are unfinished, never while the engine is idle. Real vLLM ``Scheduler`` (the plugin's `PeagleScheduler`), fake runner
-outputs, synchronous engine-core order; no model."""
+"""Off-steps of an unchanged batch are observed once and repeated (the plugin's fast path): the statistics a user reads
+are exactly what counting every request in every step gives. The time between steps is recorded while requests are
+unfinished, never while the engine is idle; steps with prompt tokens are timed apart. Real vLLM ``Scheduler`` (the
+plugin's `PeagleScheduler`), fake runner outputs, synchronous engine-core order; no model."""
 
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def _step(scheduler: Any) -> Any:
 
 
 def test_off_steps_of_an_unchanged_batch_are_counted_like_any_step(scheduler: Any) -> None:
+    from policies.plugin import PluginStats
+
     # Three requests prefill together (a step with prompt tokens that samples their first token), then decode one
     # token per step at depth 0 until their 10th. A fourth joins after 4 decode steps: its prefill shares a step with
     # the others' 6th token, then it decodes alongside them (batch 4) and, once they are done, alone.
@@ -75,6 +77,12 @@ def test_off_steps_of_an_unchanged_batch_are_counted_like_any_step(scheduler: An
     # 4; d decodes 9 tokens: 4 alongside them (batch 4) and 5 alone.
     assert by_batch == {3: 4, 4: 4, 1: 5}
     assert stats.step_samples() and all(s.depth == 0 and s.drafter_ran is False for s in stats.step_samples())
+    # The two steps with prompt tokens are timed on their own, without the drafter: 3 prompts, then d's beside 3
+    # decoding requests (a prompt's last position samples the request's first token, so it counts as decoding).
+    assert list(stats.mixed_costs) == [("default", False)]
+    n, total_ms, prompt_tokens, requests = stats.mixed_costs["default", False]
+    assert (n, prompt_tokens, requests) == (2, 4 * (PROMPT_LEN - 1), 3 + 4) and total_ms > 0
+    assert PluginStats.from_dict(stats.to_dict()).mixed_costs == stats.mixed_costs
 
 
 def test_time_between_steps_is_recorded_while_requests_are_unfinished_and_not_while_idle(

@@ -35,7 +35,8 @@ What is timed (``step_ms``): ``time.perf_counter()`` from the entry of `PeagleSc
 vLLM's ``Scheduler.update_from_output`` for the same step: scheduling (including the plugin's decision), the model
 forward over the verified tokens, rejection sampling, the drafter's proposal for the next step, and the scheduler's
 output processing. Not included: ``update_draft_token_ids`` (where the trimming happens), sending outputs to the
-frontend, and idle time between steps. Only decode-only steps (no prompt token computed) become step-cost samples.
+frontend, and idle time between steps. Only decode-only steps (no prompt token computed) become step-cost samples;
+steps with prompt tokens are timed apart (``mixed_step_costs`` in the stats: steps, ms, prompt tokens, requests).
 The engine core's fetch of the drafts after a step (synchronous executors) is timed on its own (``draft_fetch`` in
 the stats: steps and summed ms), and so is all the time from the end of one step to the start of the next while
 requests are unfinished (``between_steps``, by whether the drafter ran in the step before; synchronous scheduling):

@@ -123,6 +123,10 @@ class PluginStats:
         self.decode_steps = 0
         self.mixed_steps = 0
         """Steps that also computed prompt tokens (excluded from the step-cost samples)."""
+        self.mixed_costs: dict[tuple[str, bool], list[float]] = {}
+        """Those steps timed, by (phase, whether the drafter ran): [steps, summed ms, prompt tokens, requests]. What a
+        request's admission costs beyond its decode steps (the drafter reads the prompt too), which the decode-step
+        samples leave out."""
         self.fallback = False
         self.errors: list[str] = []
         self.overhead_ms = 0.0
@@ -208,6 +212,15 @@ class PluginStats:
                     row[i] += m
         if tally.prompt_tokens > 0 or not tally.size:
             self.mixed_steps += 1
+            if step_ms is not None and math.isfinite(step_ms) and step_ms > 0:
+                mkey = (phases.pop() if len(phases) == 1 else "mixed", drafting_depth > 0)
+                mixed = self.mixed_costs.get(mkey)
+                if mixed is None:
+                    mixed = self.mixed_costs[mkey] = [0, 0.0, 0, 0]
+                mixed[0] += 1
+                mixed[1] += step_ms
+                mixed[2] += tally.prompt_tokens
+                mixed[3] += tally.size
             return
         self.decode_steps += 1
         if step_ms is None or not math.isfinite(step_ms) or step_ms <= 0:
@@ -464,6 +477,11 @@ class PluginStats:
             "overhead_ms": self.overhead_ms,
             "draft_fetch": {"n": self.draft_fetches, "sum_ms": self.draft_fetch_ms},
             "between_steps": {k: {"n": int(n), "sum_ms": ms} for k, (n, ms) in sorted(self.between_steps.items())},
+            "mixed_step_costs": [
+                {"phase": p, "drafter_ran": ran, "n": int(e[0]), "sum_ms": e[1], "prompt_tokens": int(e[2]),
+                 "requests": int(e[3])}
+                for (p, ran), e in sorted(self.mixed_costs.items())
+            ],
             "totals": self.totals(),
             "depth_histogram": {str(k): v for k, v in self.depth_histogram().items()},
             "acceptance": [
@@ -530,6 +548,11 @@ class PluginStats:
             stats.draft_fetches, stats.draft_fetch_ms = int(fetch.get("n", 0)), float(fetch.get("sum_ms", 0.0))
             stats.between_steps = {
                 str(k): [int(v["n"]), float(v["sum_ms"])] for k, v in (data.get("between_steps") or {}).items()
+            }
+            stats.mixed_costs = {
+                (str(m["phase"]), bool(m["drafter_ran"])): [int(m["n"]), float(m["sum_ms"]), int(m["prompt_tokens"]),
+                                                             int(m["requests"])]
+                for m in data.get("mixed_step_costs") or []
             }
             totals = data["totals"]
             loaded = {k: int(totals[k]) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
