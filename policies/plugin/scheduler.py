@@ -528,7 +528,8 @@ class PeagleScheduler(Scheduler):
             batch.sync(views)
             self._last_views = views
         decision = controller.decide_or_fallback(batch)
-        self._metrics.call("observe_decision", decision, controller)
+        if self._metrics.active:
+            self._metrics.call("observe_decision", decision, controller)
         if decision.fallback:
             self._controller_fallbacks += 1
             if self._stats is not None:
