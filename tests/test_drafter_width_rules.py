@@ -10,6 +10,7 @@ import pytest
 
 from policies.plugin.drafter_width import DrafterSync, DrafterWidthSettings, WorkerStatus, drafting_slots
 from policies.plugin.drafting import (
+    DraftFetchCost,
     HandshakeResult,
     assign_placeholders,
     combine,
@@ -163,6 +164,22 @@ def test_no_draft_fetch_from_the_workers_after_an_off_step_and_every_fetch_is_ti
     assert not wrap_draft_fetch(pipelined, lambda: True, timed.append)
     assert pipelined.take_draft_token_ids() == "drafts"
     assert not wrap_draft_fetch(None, lambda: True, timed.append)
+
+
+def test_a_step_the_drafts_are_fetched_after_costs_the_smoothed_fetch_and_an_outlier_moves_it_little() -> None:
+    cost = DraftFetchCost()
+    assert cost.step_cost(10.0, fetched=True) == 10.0  # nothing timed yet: the step as measured
+    cost.observe(0.7)
+    assert cost.step_cost(10.0, fetched=True) == pytest.approx(10.7)
+    assert cost.step_cost(5.0, fetched=False) == 5.0  # an off-step: no fetch follows it
+    cost.observe(0.8)
+    assert cost.ms == pytest.approx(0.7 + 0.1 * (0.8 - 0.7))  # smoothing 0.1
+    before = cost.ms
+    cost.observe(50.0)  # a preempted fetch counts as 4x the estimate: +0.3x, not +7 ms
+    assert cost.ms == pytest.approx(before + 0.1 * (4 * before - before))
+    for bad in (float("nan"), float("inf"), -1.0):
+        cost.observe(bad)
+    assert cost.ms == pytest.approx(before * 1.3)
 
 
 def test_off_steps_replay_only_for_token_only_drafters_under_sync_scheduling() -> None:

@@ -118,3 +118,89 @@ def test_time_between_steps_is_recorded_while_requests_are_unfinished_and_not_wh
     scheduler._flush(force=True)
     loaded = PluginStats.load(scheduler._config.stats_path)
     assert loaded.between_steps == {"no_drafter": [n, total_ms]}
+
+
+class FetchingExecutor(SyncExecutor):
+    """A synchronous worker whose drafts' fetch takes ``fetch_s`` (the multiprocess executor's round trip)."""
+
+    max_concurrent_batches = 1
+    fetch_s = 0.005
+
+    def __init__(self) -> None:
+        self.fetches = 0
+
+    def take_draft_token_ids(self) -> Any:
+        import time
+
+        self.fetches += 1
+        time.sleep(self.fetch_s)
+        return None  # the test hands the scheduler its drafts itself
+
+
+def test_the_controller_prices_a_drafting_step_with_the_drafts_fetch_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.outputs import DraftTokenIds
+
+    from policies.plugin import CONFIG_ENV, PluginConfig
+    from policies.scheduler import PeagleScheduler
+
+    # "always" accepts every draft (the controller drafts it at depth 4), "never" accepts none (depth 0: off-steps).
+    adaptive = {
+        "policy": {"version": 1, "static_k": 4, "max_k": 4, "default_class": "always",
+                   "classes": {"never": {"min_k": 0}}, "controller": {"explore_every": 0}},
+        "cost_model": {"version": 1, "sequential": False, "coefficients": {
+            "base": 3.0, "per_request": 0.1, "per_verified_token": 0.1, "drafter_fixed": 1.0,
+            "drafter_per_request": 0.3}},
+        "acceptance": {"always": {"num_drafts": 100, "accepted_per_position": [100, 100, 100, 100]},
+                       "never": {"num_drafts": 100, "accepted_per_position": [0, 0, 0, 0]}},
+    }
+    config = PluginConfig(mode="adaptive", adaptive=adaptive, stats_path=str(tmp_path / "stats.json"))
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    executor = FetchingExecutor()
+    scheduler = FakeEngineCore(executor).build(PeagleScheduler)  # type: ignore[arg-type]
+    assert scheduler._fetch_skipped  # the plugin skips the fetch after an off-step
+
+    seen: list[tuple[float | None, float | None, bool, float | None]] = []  # (step ms, learnt ms, off-step, fetch)
+    record_stats, learn = scheduler._stats.observe_tally, scheduler._controller.observe_tally
+
+    def stats_tally(tally: Any, step_ms: float | None = None, **kw: Any) -> None:
+        seen.append((step_ms, None, scheduler._off_step, scheduler._fetch_cost.ms))
+        record_stats(tally, step_ms=step_ms, **kw)
+
+    def controller_tally(tally: Any, step_ms: float | None = None, drafting: int | None = None) -> None:
+        seen[-1] = (seen[-1][0], step_ms, *seen[-1][2:])
+        learn(tally, step_ms, drafting)
+
+    scheduler._stats.observe_tally = stats_tally
+    scheduler._controller.observe_tally = controller_tally
+
+    def burst(cls: str) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, extra_args={"peagle_class": cls})
+        scheduler.add_request(Request(cls, list(range(1, PROMPT_LEN + 1)), params, None))
+        while scheduler.get_num_unfinished_requests():
+            output = scheduler.schedule()
+            accepted = {cls: 4 if cls == "always" else 0}
+            scheduler.update_from_output(output, _runner_output(output, accepted))
+            scheduler._executor.take_draft_token_ids()  # what EngineCore.post_step does (wrapped by the plugin)
+            width = output.num_spec_tokens_to_schedule
+            if width and cls in scheduler.requests:
+                scheduler.update_draft_token_ids(DraftTokenIds([cls], [[5] * width]))
+
+    burst("always")
+    burst("never")
+    decode = [s for s in seen if s[0] is not None and s[1] is not None]
+    drafting = [s for s in decode if not s[2]]
+    off = [s for s in decode if s[2]]
+    assert drafting and off
+    # A step the drafts are fetched after is learnt with the fetch (as smoothed before it), an off-step as measured.
+    for step_ms, learnt_ms, _off, fetch_ms in drafting:
+        assert learnt_ms == pytest.approx(step_ms + (fetch_ms or 0.0))
+    assert any((f or 0.0) >= FetchingExecutor.fetch_s * 1000.0 for *_, f in drafting)  # each fetch slept 5 ms
+    assert all(learnt_ms == step_ms for step_ms, learnt_ms, *_ in off)
+    # The statistics keep the step's own time; the fetches are recorded apart, each one the workers answered.
+    assert scheduler._stats.draft_fetches == executor.fetches > 0
+    assert all(s.step_ms < FetchingExecutor.fetch_s * 1000.0 for s in scheduler._stats.step_samples())  # not a fetch

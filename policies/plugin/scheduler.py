@@ -40,7 +40,9 @@ steps with prompt tokens are timed apart (``mixed_step_costs`` in the stats: ste
 The engine core's fetch of the drafts after a step (synchronous executors) is timed on its own (``draft_fetch`` in
 the stats: steps and summed ms), and so is all the time from the end of one step to the start of the next while
 requests are unfinished (``between_steps``, by whether the drafter ran in the step before; synchronous scheduling):
-the draft fetch, ``update_draft_token_ids``, outputs to the frontend, new requests.
+the draft fetch, ``update_draft_token_ids``, outputs to the frontend, new requests. The adaptive controller learns a
+decode step's cost as its ``step_ms`` plus the smoothed draft fetch when one follows the step (`DraftFetchCost`): with
+the multiprocess executor the fetch is a round trip to the workers that only steps that draft pay.
 
 Acceptance (per request and step, in ``update_from_output``): drafted = the draft tokens scheduled for verification
 (``scheduled_spec_decode_tokens``, placeholders -1 excluded); accepted = sampled tokens minus the one bonus token,
@@ -90,6 +92,7 @@ from policies import (
 )
 from policies.plugin.config import ASYNC_SCHEDULER_CLS, CONFIG_ENV, PluginConfig
 from policies.plugin.drafting import (
+    DraftFetchCost,
     HandshakeResult,
     assign_placeholders,
     drafting_requests,
@@ -183,6 +186,7 @@ class PeagleScheduler(Scheduler):
         self._executor: Any = None  # vLLM's model executor (found for the handshake)
         self._off_step = False  # the step last scheduled skips the drafter (no drafts to fetch after it)
         self._fetch_skipped = False  # the executor's draft fetch returns None after an off-step
+        self._fetch_cost = DraftFetchCost()  # what the fetch after a step adds to it (learnt by the controller)
         self._off_steps_seen = 0
         self._drafting_for: Mapping[str, int] | None = None  # the depths `_drafting_set` was computed from
         self._drafting_set: frozenset[str] | None = None
@@ -281,6 +285,7 @@ class PeagleScheduler(Scheduler):
 
     def _fetched(self, ms: float) -> None:
         """The engine core fetched the drafts of the step just executed in ``ms`` (recorded in the stats)."""
+        self._fetch_cost.observe(ms)
         if self._stats is not None:
             self._stats.observe_draft_fetch(ms)
 
@@ -624,8 +629,13 @@ class PeagleScheduler(Scheduler):
         assert self._stats is not None
         self._stats.observe_tally(tally, step_ms=step_ms, drafting_depth=drafting, traces=rows)
         if self._controller is not None:
-            # the drafter's width in this step (not the depth verified in it) says whether the drafter ran
-            self._controller.observe_tally(tally, step_ms if tally.prompt_tokens == 0 else None, drafting)
+            # Decode steps are cost samples, with the drafts' fetch that follows the step (none after an off-step
+            # whose fetch is skipped); the drafter's width in this step (not the depth verified in it) says whether
+            # the drafter ran.
+            learn_ms = None
+            if step_ms is not None and tally.prompt_tokens == 0:
+                learn_ms = self._fetch_cost.step_cost(step_ms, not (self._fetch_skipped and self._off_step))
+            self._controller.observe_tally(tally, learn_ms, drafting)
         if self._metrics.active:
             self._metrics.call("maybe_push")
 
