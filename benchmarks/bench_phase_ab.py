@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic] [--concurrency 8]
+    python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic|predictable] [--concurrency 8]
         [--rounds 5]
 
 ``DIR`` is a work directory of ``benchmarks/bench_runtime.py`` (its ``adaptive-new-plugin.json``: the adaptive
@@ -10,7 +10,8 @@ engine's policy, cost model and acceptance prior from that run's profile). What 
 process (offline ``vllm.LLM``, the fixtures, draft_model + parallel drafting): no speculation, static K = K_max and the
 adaptive plugin, each with the scheduler plugin recording its steps (without speculation too). Each round runs every
 engine on the workload's phases (``stationary``: bench_runtime's three phases of mixed requests; ``entropic``: its
-entropic phase, where the drafter never pays), one engine after the other, order rotated, each after 1.5 s and an
+entropic phase, where the drafter never pays; ``predictable``: its predictable phase, where depth K_max is
+best), one engine after the other, order rotated, each after 1.5 s and an
 untimed burst. bench_runtime runs all phases of a configuration before the next configuration, minutes apart; here
 the same phase of two engines runs seconds apart, so the per-round ratios drift less with the machine.
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, default=REPO / "tests" / "fixtures" / "models")
     parser.add_argument("--drafter", default="drafter-2l")
     parser.add_argument("--max-k", type=int, default=4)
-    parser.add_argument("--workload", choices=("stationary", "entropic"), default="stationary")
+    parser.add_argument("--workload", choices=("stationary", "entropic", "predictable"), default="stationary")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{plugin_file} is missing: give the work directory of a bench_runtime.py run.")
     adaptive = json.loads(plugin_file.read_text())["adaptive"]
     workloads = br.build_workloads(load_workload(br.DEFAULT_WORKLOAD), 1)
-    phases = workloads["stationary"] if args.workload == "stationary" else workloads["shifting"][1:2]
+    phases = {"stationary": workloads["stationary"], "predictable": workloads["shifting"][0:1],
+              "entropic": workloads["shifting"][1:2]}[args.workload]
     c = args.concurrency
     work = Path(tempfile.mkdtemp(prefix="peagle-phase-ab-"))
     base = dict(br.ENGINE_KWARGS, max_num_seqs=max(c, 8), **engine_kwargs())
