@@ -426,6 +426,7 @@ _CONTROLLER_TYPES: dict[str, str] = {
     "run_steps": "float",
     "reoptimize_churn": "float",
     "learn_step_cost": "bool",
+    "price_admission": "bool",
     "decay": "float",
     "prior_strength": "float",
 }

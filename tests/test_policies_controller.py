@@ -496,3 +496,40 @@ def test_the_measured_catch_up_of_an_exploration_sets_how_often_it_explores() ->
                          drafting_depth=d.batch_depth)
     assert ctl.catch_up_ms == pytest.approx(20.0)
     assert explored == [41, 155, 269]
+
+
+# Admission: SWITCH with max_k=1 at B=1 predicts a decode step at 11 ms off and 16 ms drafting; AL(1) = 1.8 drafts
+# (1.8 / 16 > 1 / 11). A step with a 100-token prompt takes 0.05 ms per prompt token beyond that without the drafter
+# and 0.15 with it (the drafter reads the prompt): 0.1 ms per token; one such step every other step admits 50 tokens
+# per step, so a plan that runs the drafter pays 0.1 * 50 = 5 ms per step, and 1.8 / 21 < 1 / 11: off.
+def _admission_controller(steps_with_drafter: bool = True, **options: Any) -> DepthController:
+    ctl = DepthController(SWITCH, _estimator({"chat": AcceptanceProfile(100, (80,))}, max_k=1), max_k=1, static_k=1,
+                          refresh_every=1000, explore_every=0, drafter_always_runs=False, learn_step_cost=False,
+                          **options)
+    assert ctl.decide(_batch(1)).batch_depth == 1  # drafts while the admission cost is unknown
+    one = [("r0", "chat", 0, 0)]
+    for i in range(2000):
+        if i % 2:
+            ctl.observe_step(one, 11.0, drafting_depth=0)
+        elif i % 4 == 0 or not steps_with_drafter:
+            ctl.observe_step(one, None, drafting_depth=0, prompt_tokens=100, prompt_step_ms=11.0 + 100 * 0.05)
+        else:
+            ctl.observe_step(one, None, drafting_depth=1, prompt_tokens=100, prompt_step_ms=15.0 + 100 * 0.15)
+    ctl.refresh()
+    return ctl
+
+
+def test_a_plan_that_runs_the_drafter_pays_for_the_prompts_it_reads() -> None:
+    ctl = _admission_controller()
+    assert ctl.admission_ms == pytest.approx(5.0, rel=0.02)  # 50 +- 0.4 prompt tokens per step (smoothed)
+    decision = ctl.decide(_batch(1))
+    assert decision.batch_depth == 0
+    # Not priced: the same measurements leave the plan drafting.
+    unpriced = _admission_controller(price_admission=False)
+    assert unpriced.admission_ms == 0.0 and unpriced.decide(_batch(1)).batch_depth == 1
+
+
+def test_the_admission_cost_needs_steps_with_and_without_the_drafter() -> None:
+    # Only steps with prompts that skipped the drafter: nothing to compare them with, priced as before.
+    ctl = _admission_controller(steps_with_drafter=False)
+    assert ctl.admission_ms == 0.0 and ctl.decide(_batch(1)).batch_depth == 1
