@@ -29,15 +29,6 @@ turned on; those steps stay out of the step-cost fit). A plan that turns the dra
 the hysteresis plus that catch-up spread over a drafting run (``run_steps``, then the mean length of the
 controller's own runs): a batch where speculation only breaks even stays off instead of flapping.
 
-Admission. A drafter that runs reads every prompt admitted in its steps (a token-only drafter its tokens, an EAGLE
-head the target's hidden states of them), a cost the decode-step model does not hold and that grows with how often
-requests join. With drafter-width control (``price_admission``) the controller measures it from the steps with
-prompt tokens: per prompt token, such a step's time beyond the decode step of its shape the model predicts, the
-median of the last `_ADMISSION_SAMPLES` steps that ran the drafter minus that of those that did not (the drafter's
-share), times the prompt tokens per step (smoothed over all steps), is `admission_ms`; every plan that runs the
-drafter pays it. It is 0 until both kinds of steps were measured (a workload whose drafter never stops is priced as
-before).
-
 Exploration. Every ``explore_every`` steps one request per class that runs below its cap verifies at its cap, so
 acceptance at positions the plan no longer verifies keeps being measured (at K=0 nothing would be measured and only
 the estimator's slow drift back to its prior would ever restart speculation). While the drafter is off an exploration
@@ -52,8 +43,7 @@ Everything `decide` reports (goodput, step time) is predicted.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -69,11 +59,6 @@ __all__ = ["DepthController"]
 _OUTLIER_FACTOR = 4.0
 """A pooled step shape slower than this many times the cost model's prediction is not learnt (see
 `DepthController._learn_step_costs`)."""
-_ADMISSION_SAMPLES = 32
-"""Steps with prompt tokens kept per kind (drafter ran or not) for the admission cost
-(`DepthController.admission_ms`)."""
-_PROMPT_RATE_SMOOTHING = 1.0 / 64.0
-"""Smoothing per step of the prompt tokens admitted per step (`DepthController.admission_ms`)."""
 
 @dataclass
 class _Tables:
@@ -86,7 +71,6 @@ class _Tables:
     drafter_per_request_ms: float  # c4
     per_pass_ms: float  # c5 (sequential)
     per_pass_request_ms: float  # c6 (sequential)
-    admission_ms: float = 0.0  # the drafter's reading of admitted prompts, per step of a plan that runs it
 
 
 class DepthController:
@@ -147,13 +131,6 @@ class DepthController:
         """Mean length of the plan's drafting runs, decisions (starts at ``run_steps``; learnt from the runs)."""
         self.switches = 0
         """Number of plan changes so far (for monitoring flapping)."""
-        self._prompt_rate = 0.0  # prompt tokens per observed step, smoothed
-        # (prompt step ms - the model's decode step of its shape) per prompt token, by whether the drafter ran
-        self._prompt_excess: dict[bool, deque[float]] = {
-            True: deque(maxlen=_ADMISSION_SAMPLES), False: deque(maxlen=_ADMISSION_SAMPLES)}
-        self.admission_ms = 0.0
-        """What a plan that runs the drafter pays per step for the prompts the drafter reads (see the module
-        docstring), ms, as of the last refresh; 0 when not priced or not yet measured."""
 
     @property
     def fallback_depth(self) -> int:
@@ -286,9 +263,6 @@ class DepthController:
         results: Sequence[tuple[str, str, int, int]],
         step_ms: float | None = None,
         drafting_depth: int | None = None,
-        *,
-        prompt_tokens: int = 0,
-        prompt_step_ms: float | None = None,
     ) -> None:
         """Feed one step's measured outcome: ``(request_id, class, drafted, accepted)`` per request in the step.
 
@@ -307,28 +281,16 @@ class DepthController:
         a switch to depth 0 a drafter step and the first step after a switch back a drafter-free one, and the cost
         model learnt a nearly free drafter (the c=1 benchmark: 245 steps verifying 4 drafts without a drafter pass at
         4.45 ms, 243 drafting without verifying at 6.31 ms, against 3.7 ms off-steps).
-
-        ``prompt_tokens``: prompt tokens computed in the step; ``prompt_step_ms``: the time of such a step (its
-        ``step_ms`` is None), which measures what the drafter's reading of prompts costs (module docstring).
         """
         tally = StepTally()
         for _rid, cls, drafted, accepted in results:
             tally.add(cls, "", drafted, accepted)
-        tally.prompt_tokens = prompt_tokens
-        self.observe_tally(tally, step_ms, drafting_depth, prompt_step_ms=prompt_step_ms)
+        self.observe_tally(tally, step_ms, drafting_depth)
 
     def observe_tally(
-        self,
-        tally: StepTally,
-        step_ms: float | None = None,
-        drafting_depth: int | None = None,
-        *,
-        prompt_step_ms: float | None = None,
+        self, tally: StepTally, step_ms: float | None = None, drafting_depth: int | None = None
     ) -> None:
-        """`observe_step` for a step already counted per class (what the scheduler plugin passes; its
-        ``prompt_tokens`` are the step's prompt tokens)."""
-        if self.settings.price_admission and not self.settings.drafter_always_runs and tally.size:
-            self._observe_admission(tally, prompt_step_ms, drafting_depth)
+        """`observe_step` for a step already counted per class (what the scheduler plugin passes)."""
         estimator = self.estimator
         present = []
         for (cls, _phase), outcomes in tally.outcomes.items():
@@ -355,16 +317,6 @@ class DepthController:
             else:
                 pooled[0] += 1
                 pooled[1] += float(step_ms)
-
-    def _observe_admission(self, tally: StepTally, prompt_step_ms: float | None, drafting_depth: int | None) -> None:
-        prompt = tally.prompt_tokens
-        self._prompt_rate += _PROMPT_RATE_SMOOTHING * (prompt - self._prompt_rate)
-        tables = self._tables
-        if prompt <= 0 or prompt_step_ms is None or tables is None or not math.isfinite(prompt_step_ms):
-            return
-        drafting = self._drafting if drafting_depth is None else drafting_depth
-        decode = self._step_ms(tables, tally.size, tally.verified, drafting > 0, drafting)
-        self._prompt_excess[drafting > 0].append((float(prompt_step_ms) - decode) / prompt)
 
     def _learn_step_costs(self) -> None:
         """Feed the pooled step times to the cost model (one update per shape, weighted by its steps).
@@ -403,7 +355,6 @@ class DepthController:
             classes |= set(self._tables.al)
         for cls, al in self.estimator.acceptance_length_tables(sorted(classes), self.max_k).items():
             self._add_table(tables, cls, al)
-        self.admission_ms = tables.admission_ms = self._admission_ms()
         tables.order.sort(key=lambda item: (-item[2], item[1]))
         self._tables = tables
         self._last = None
@@ -411,15 +362,6 @@ class DepthController:
         self._idle_wait = None
 
     # ---- internals ------------------------------------------------------------------------------------------------
-    def _admission_ms(self) -> float:
-        """Per step, the drafter's reading of the prompts admitted: its measured extra ms per prompt token (steps
-        that ran it minus steps that did not) times the prompt tokens per step; 0 without both kinds of steps."""
-        on, off = self._prompt_excess[True], self._prompt_excess[False]
-        if not (self.settings.price_admission and on and off) or self.settings.drafter_always_runs:
-            return 0.0
-        per_token = statistics.median(on) - statistics.median(off)
-        return per_token * self._prompt_rate if per_token > 0 else 0.0
-
     def _add_class(self, tables: _Tables, cls: str) -> None:
         self._add_table(tables, cls, self.estimator.acceptance_length_tables((cls,), self.max_k)[cls])
         tables.order.sort(key=lambda item: (-item[2], item[1]))
@@ -503,8 +445,7 @@ class DepthController:
             verified += m * (k + 1)
             if k > deepest:
                 deepest = k
-        ms = self._step_ms(t, size, verified, deepest > 0, deepest)
-        return n, ms + t.admission_ms if deepest > 0 else ms, deepest
+        return n, self._step_ms(t, size, verified, deepest > 0, deepest), deepest
 
     def _best_uniform(self, t: _Tables, counts: Mapping[Cohort, int], size: int) -> dict[str, int]:
         classes = {c[0] for c in counts}
@@ -547,7 +488,7 @@ class DepthController:
         always = self.settings.drafter_always_runs
         sequential_cost = self.cost_model.sequential and not always
         fixed = t.base_ms + t.per_request_ms * size
-        drafter = t.drafter_ms + t.drafter_per_request_ms * size + t.admission_ms
+        drafter = t.drafter_ms + t.drafter_per_request_ms * size
         per_pass = t.per_pass_ms + t.per_pass_request_ms * size
         per_token = t.per_token_ms
         limits = range(max(floor_depth, 1), max_k + 1) if sequential_cost else (max_k,)

@@ -426,7 +426,6 @@ _CONTROLLER_TYPES: dict[str, str] = {
     "run_steps": "float",
     "reoptimize_churn": "float",
     "learn_step_cost": "bool",
-    "price_admission": "bool",
     "decay": "float",
     "prior_strength": "float",
 }

@@ -37,11 +37,6 @@ class ControllerSettings:
     the last optimisation (0: every step); otherwise the last optimum is reused and only re-priced."""
     learn_step_cost: bool = True
     """Refine the step-cost model online from measured step times passed to `observe_step`."""
-    price_admission: bool = True
-    """With drafter-width control, charge every plan that runs the drafter for the prompts the drafter reads while it
-    runs: the measured extra time per prompt token of steps with prompt tokens that ran the drafter over those that
-    did not, times the prompt tokens admitted per step (`DepthController.admission_ms`; 0 until both kinds of steps
-    were measured)."""
     decay: float = 0.98
     """Acceptance estimator forgetting factor per step (used when the policy builds the estimator)."""
     prior_strength: float = 20.0

@@ -162,19 +162,15 @@ def test_the_controller_prices_a_drafting_step_with_the_drafts_fetch_after_it(
     assert scheduler._fetch_skipped  # the plugin skips the fetch after an off-step
 
     seen: list[tuple[float | None, float | None, bool, float | None]] = []  # (step ms, learnt ms, off-step, fetch)
-    prompt_steps: list[tuple[Any, ...]] = []  # (step ms, learnt ms, prompt_step_ms, off-step, fetch)
     record_stats, learn = scheduler._stats.observe_tally, scheduler._controller.observe_tally
 
     def stats_tally(tally: Any, step_ms: float | None = None, **kw: Any) -> None:
         seen.append((step_ms, None, scheduler._off_step, scheduler._fetch_cost.ms))
         record_stats(tally, step_ms=step_ms, **kw)
 
-    def controller_tally(tally: Any, step_ms: float | None = None, drafting: int | None = None, *,
-                         prompt_step_ms: float | None = None) -> None:
-        if tally.prompt_tokens:
-            prompt_steps.append((seen[-1][0], step_ms, prompt_step_ms, *seen[-1][2:]))
+    def controller_tally(tally: Any, step_ms: float | None = None, drafting: int | None = None) -> None:
         seen[-1] = (seen[-1][0], step_ms, *seen[-1][2:])
-        learn(tally, step_ms, drafting, prompt_step_ms=prompt_step_ms)
+        learn(tally, step_ms, drafting)
 
     scheduler._stats.observe_tally = stats_tally
     scheduler._controller.observe_tally = controller_tally
@@ -205,12 +201,6 @@ def test_the_controller_prices_a_drafting_step_with_the_drafts_fetch_after_it(
         assert learnt_ms == pytest.approx(step_ms + (fetch_ms or 0.0))
     assert any((f or 0.0) >= FetchingExecutor.fetch_s * 1000.0 for *_, f in drafting)  # each fetch slept 5 ms
     assert all(learnt_ms == step_ms for step_ms, learnt_ms, *_ in off)
-    # A step with prompt tokens is no decode sample; it reaches the controller as the time the drafter's reading of
-    # prompts is measured from, priced like a decode step (with the fetch after it when it drafted).
-    assert [off_step for *_, off_step, _fetch in prompt_steps] == [False, True]  # one request per burst
-    for step_ms, learnt_ms, prompt_ms, off_step, fetch_ms in prompt_steps:
-        assert learnt_ms is None
-        assert prompt_ms == pytest.approx(step_ms + (0.0 if off_step else fetch_ms or 0.0))
     # The statistics keep the step's own time; the fetches are recorded apart, each one the workers answered.
     assert scheduler._stats.draft_fetches == executor.fetches > 0
     assert all(s.step_ms < FetchingExecutor.fetch_s * 1000.0 for s in scheduler._stats.step_samples())  # not a fetch

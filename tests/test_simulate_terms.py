@@ -102,7 +102,7 @@ class _ScriptedRule:
         self.calls += 1
         return [d] * len(request_ids), d
 
-    def observe(self, results: Sequence[Any], step_ms: float | None, prompt_tokens: int = 0) -> None:
+    def observe(self, results: Sequence[Any], step_ms: float | None) -> None:
         pass
 
     def summary(self) -> dict[str, Any]:

@@ -79,9 +79,7 @@ class DepthRule(Protocol):
         """
         ...
 
-    def observe(self, results: Sequence[StepResult], step_ms: float | None, prompt_tokens: int = 0) -> None:
-        """The step's outcome: its time ``step_ms`` and the prompt tokens it computed."""
-        ...
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None: ...
 
     def summary(self) -> dict[str, Any]: ...
 
@@ -120,7 +118,7 @@ class _FixedRule:
         k = self._depth_for(scheduled)
         return [k] * len(request_ids), k if k > 0 else self._zero_drafting
 
-    def observe(self, results: Sequence[StepResult], step_ms: float | None, prompt_tokens: int = 0) -> None:
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
         pass
 
     def summary(self) -> dict[str, Any]:
@@ -291,12 +289,9 @@ class _AdaptiveRule:
             return depths, max_k
         return depths, max(depths, default=0)
 
-    def observe(self, results: Sequence[StepResult], step_ms: float | None, prompt_tokens: int = 0) -> None:
-        """``step_ms``: the step's time; a step with prompt tokens is passed as the controller's ``prompt_step_ms``
-        (it measures the drafter's reading of prompts, not a decode step)."""
+    def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
         if results:
-            self.controller.observe_step(results, None if prompt_tokens else step_ms, prompt_tokens=prompt_tokens,
-                                         prompt_step_ms=step_ms if prompt_tokens else None)
+            self.controller.observe_step(results, step_ms)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {

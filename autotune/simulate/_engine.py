@@ -349,7 +349,7 @@ def simulate(
                     finished.append(x)
                 else:
                     x.decoding = True
-        rule.observe(results, step_ms, prefill_tokens)
+        rule.observe(results, None if prefill_tokens else step_ms)
         if finished:
             gone = set(map(id, finished))
             running = [x for x in running if id(x) not in gone]

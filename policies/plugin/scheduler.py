@@ -632,14 +632,10 @@ class PeagleScheduler(Scheduler):
             # Decode steps are cost samples, with the drafts' fetch that follows the step (none after an off-step
             # whose fetch is skipped); the drafter's width in this step (not the depth verified in it) says whether
             # the drafter ran.
-            learn_ms = prompt_ms = None
-            if step_ms is not None:
-                cost = self._fetch_cost.step_cost(step_ms, not (self._fetch_skipped and self._off_step))
-                if tally.prompt_tokens == 0:
-                    learn_ms = cost
-                else:  # what the drafter's reading of admitted prompts costs (`DepthController.admission_ms`)
-                    prompt_ms = cost
-            self._controller.observe_tally(tally, learn_ms, drafting, prompt_step_ms=prompt_ms)
+            learn_ms = None
+            if step_ms is not None and tally.prompt_tokens == 0:
+                learn_ms = self._fetch_cost.step_cost(step_ms, not (self._fetch_skipped and self._off_step))
+            self._controller.observe_tally(tally, learn_ms, drafting)
         if self._metrics.active:
             self._metrics.call("maybe_push")
 
@@ -651,8 +647,6 @@ class PeagleScheduler(Scheduler):
         path = self._config.stats_path
         if path is None or self._stats is None:
             return
-        if self._controller is not None and self._controller.admission_ms:
-            self._stats.info["admission_ms"] = self._controller.admission_ms
         labeler = self._labeler
         if labeler.rejected or any(labeler.folded.values()):
             self._stats.info["request_labels"] = {"rejected": labeler.rejected, **labeler.folded}
