@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic|predictable] [--concurrency 8]
-        [--rounds 5]
+    python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic|predictable]
+        [--concurrency 8] [--rounds 5]
 
 ``DIR`` is a work directory of ``benchmarks/bench_runtime.py`` (its ``adaptive-new-plugin.json``: the adaptive
 engine's policy, cost model and acceptance prior from that run's profile). What runs: three engines resident in this
