@@ -10,10 +10,10 @@ engine's policy, cost model and acceptance prior from that run's profile). What 
 process (offline ``vllm.LLM``, the fixtures, draft_model + parallel drafting): no speculation, static K = K_max and the
 adaptive plugin, each with the scheduler plugin recording its steps (without speculation too). Each round runs every
 engine on the workload's phases (``stationary``: bench_runtime's three phases of mixed requests; ``entropic``: its
-entropic phase, where the drafter never pays; ``predictable``: its predictable phase, where depth K_max is
-best), one engine after the other, order rotated, each after 1.5 s and an
-untimed burst. bench_runtime runs all phases of a configuration before the next configuration, minutes apart; here
-the same phase of two engines runs seconds apart, so the per-round ratios drift less with the machine.
+entropic phase, where the drafter never pays; ``predictable``: its predictable phase, where depth K_max is best),
+one engine after the other, order rotated, each after 1.5 s and an untimed burst. bench_runtime runs all phases of a
+configuration before the next configuration, minutes apart; here the same phase of two engines runs seconds apart, so
+the per-round ratios drift less with the machine.
 
 Figures (measured): throughput ratio to no speculation per phase, median (min-max) over rounds; and per engine the
 time of a phase split into decode steps, steps with prompt tokens (the plugin's ``step_costs`` and
