@@ -193,12 +193,15 @@ class Engine:
         kill_process_group(self.proc, grace_s=5.0)
 
 
-LENGTH_OFFSETS = (-21, -21, -9, -9, 9, 9, 21, 21)
+LENGTH_OFFSETS = (-21, -18, -6, -9, 9, 6, 18, 21)
 """Output-length offsets by position in a phase (cycled): every fixture request asks for 48 tokens and generates all
 of them, so without them a c=8 phase without speculation ran in lock-step waves of 8 requests with one batched
 prefill per wave (measured: 9 prompt steps per round against ~50 with speculation, whose requests finish apart),
-which traffic with varied lengths never does. Mean 0 over 8 positions and over each class of the alternating mixed
-phases."""
+which traffic with varied lengths never does. All eight differ: with equal pairs (-21, -21, -9, -9, 9, 9, 21, 21,
+until 2026-12-05) the two requests of a pair still finished together without speculation and joined in one prefill,
+16-17 steps with prompt tokens per c=8 phase under speculation against 11-12 without (docs/benchmarks/runtime.md,
+"Admission"). Mean 0 over 8 positions and over each class of the alternating mixed phases (even positions -21, -6,
+9, 18; odd -18, -9, 6, 21)."""
 
 
 def build_workloads(workload: Any, repeat: int) -> dict[str, list[list[dict[str, Any]]]]:
