@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic|predictable]
-        [--concurrency 8] [--rounds 5]
+        [--concurrency 8] [--rounds 5] [--variant-drafter-width JSON]
 
 ``DIR`` is a work directory of ``benchmarks/bench_runtime.py`` (its ``adaptive-new-plugin.json``: the adaptive
 engine's policy, cost model and acceptance prior from that run's profile). What runs: three engines resident in this
@@ -19,6 +19,9 @@ Figures (measured): throughput ratio to no speculation per phase, median (min-ma
 time of a phase split into decode steps, steps with prompt tokens (the plugin's ``step_costs`` and
 ``mixed_step_costs``) and the rest (wall minus both: the engine core between steps, outputs to the caller), means
 over rounds and phases. Load average before and after.
+
+``--variant-drafter-width '{"defer_idle_prompts": false}'`` adds a fourth engine, "adaptive (variant)": the adaptive
+one with these `DrafterWidthSettings` (an A/B of a worker-side setting, seconds apart).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", choices=("stationary", "entropic", "predictable"), default="stationary")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variant-drafter-width", type=json.loads, default=None,
+                        help="JSON object of drafter-width settings for a fourth, variant adaptive engine")
     args = parser.parse_args(argv)
 
     import bench_runtime as br
@@ -71,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = [("no speculation", base, PluginConfig(mode="static")),
                (f"static K={args.max_k}", dict(base, speculative_config=spec), PluginConfig(mode="static")),
                ("adaptive", dict(base, speculative_config=spec), PluginConfig(mode="adaptive", adaptive=adaptive))]
+    if args.variant_drafter_width is not None:
+        configs.append(("adaptive (variant)", dict(base, speculative_config=spec),
+                        PluginConfig(mode="adaptive", adaptive=adaptive, drafter_width=args.variant_drafter_width)))
     load0 = os.getloadavg()
     llms: dict[str, Any] = {}
     stats_paths: dict[str, Path] = {}
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{label} {statistics.median(ratios):.3f}x ({min(ratios):.2f}-{max(ratios):.2f})")
         print(f"  {p}: {', '.join(cells)}")
     print("a phase's time (means over rounds and phases), steps x ms each:")
-    print(f"  {'':14s} {'decode steps':>20s} {'steps with prompts':>19s} {'rest':>7s} {'wall':>7s}")
+    print(f"  {'':18s} {'decode steps':>20s} {'steps with prompts':>19s} {'rest':>7s} {'wall':>7s}")
     for label in names:
         stats = PluginStats.load(stats_paths[label])
         n_phases = len(walls[label])
@@ -136,9 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                 prompt[1] += ms
         wall_ms = sum(sum(w) for w in walls[label].values()) * 1000.0
         rest = wall_ms - decode[1] - prompt[1]
-        print(f"  {label:14s} {decode[0] / runs:4.0f} x {decode[1] / max(decode[0], 1):5.2f} = "
+        print(f"  {label:18s} {decode[0] / runs:4.0f} x {decode[1] / max(decode[0], 1):5.2f} = "
               f"{decode[1] / runs:5.0f} {prompt[0] / runs:4.0f} x {prompt[1] / max(prompt[0], 1):5.2f} = "
               f"{prompt[1] / runs:4.0f} {rest / runs:4.0f} ms {wall_ms / runs:4.0f} ms")
+    for label, llm in llms.items():
+        if label.startswith("adaptive"):
+            counters = llm.collective_rpc("peagle_drafter_width_counters")[0]
+            keys = ("drafting_steps", "skipped_steps", "caught_up_tokens", "deferred_prompts", "deferred_prompt_tokens")
+            print(f"  {label} workers: " + ", ".join(f"{k} {counters.get(k)}" for k in keys))
     print(f"(statistics in {work})")
     return 0
 

@@ -13,7 +13,10 @@ step, so the step sequence, and with it every draft count, is reproducible run t
 (With the engine core in its own process, requests reach it while it already steps, and the first batches, hence the
 plan's depth per step, vary by a draft or two between launches.) ``multiproc`` repeats ``lowered`` with the engine
 core and vLLM's multiprocess executor in their own processes, checked on its own. A launch without speculation gives
-the reference outputs. One engine at a time, ~20-40 s each on 2 cores.
+the reference outputs. Three ``mixed-*`` launches alternate predictable and entropic prompts, the entropic class
+capped at depth 0 (static mode): entropic requests join batches whose predictable requests draft, with the worker
+leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``). One engine at
+a time, ~20-40 s each on 2 cores.
 
 This file is also the engine driver: ``python tests/test_drafter_width_vllm.py JOB.json RESULT.json``.
 """
@@ -54,6 +57,14 @@ def _prompts(cls: str = "predictable", n: int = NUM_PROMPTS) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(n)]  # repeated when more are asked for than the file has
 
 
+def _labelled(cls: str, n: int) -> list[tuple[str, str]]:
+    """(prompt, class) of a launch: one class, or ``mixed``: predictable and entropic alternating."""
+    if cls != "mixed":
+        return [(p, cls) for p in _prompts(cls, n)]
+    pairs = zip(_prompts("predictable", n), _prompts("entropic", n), strict=True)
+    return [x for pr, en in pairs for x in ((pr, "predictable"), (en, "entropic"))][:n]
+
+
 def _spec_counters(llm: Any) -> tuple[int, list[int]]:
     metrics = {m.name: m for m in llm.get_metrics()}
     drafts = metrics.get("vllm:spec_decode_num_drafts")
@@ -90,12 +101,13 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         if not job.get("extension", True):
             del kwargs["worker_extension_cls"]
     llm = LLM(**kwargs)
-    cls = job.get("class", "predictable")
-    prompts = _prompts(cls, job.get("num_prompts", NUM_PROMPTS))
+    labelled = _labelled("mixed" if job.get("mixed") else job.get("class", "predictable"),
+                         job.get("num_prompts", NUM_PROMPTS))
+    prompts = [p for p, _ in labelled]
     llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=8)] * 2, use_tqdm=False)  # warm-up
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
                              extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
-              for n in _lengths(len(prompts), job.get("max_tokens", MAX_TOKENS))]
+              for n, (_, cls) in zip(_lengths(len(prompts), job.get("max_tokens", MAX_TOKENS)), labelled, strict=True)]
     drafts0, per_pos0 = _spec_counters(llm)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     drafts1, per_pos1 = _spec_counters(llm)
@@ -140,6 +152,8 @@ def launch(tmp: Path, name: str, *, plugin: dict[str, Any] | None = None, **job:
 
 # ------------------------------------------------------------------------------------------------- the runs
 PLAN_PLUGIN: dict[str, Any] = {"mode": "plan", "plan": PLAN}
+# Mixed classes: predictable requests verify K, entropic ones 0, so entropic requests join batches that draft.
+MIXED_PLUGIN: dict[str, Any] = {"mode": "static", "class_depths": {"entropic": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +166,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "absent": launch(tmp, "absent", k=K, plugin=PLAN_PLUGIN, extension=False),
         "fault": launch(tmp, "fault", k=K, plugin={**PLAN_PLUGIN, "drafter_width": {"fault": "propose"}}),
         "multiproc": launch(tmp, "multiproc", k=K, plugin=PLAN_PLUGIN, multiproc=True),
+        "mixed-none": launch(tmp, "mixed-none", k=0, mixed=True),
+        "mixed-deferred": launch(tmp, "mixed-deferred", k=K, plugin=MIXED_PLUGIN, mixed=True),
+        "mixed-read": launch(tmp, "mixed-read", k=K, plugin={**MIXED_PLUGIN, "drafter_width": {
+            "defer_idle_prompts": False}}, mixed=True),
     }
     summary = os.environ.get("PEAGLE_DRAFTER_WIDTH_SUMMARY")  # where to write the measured figures (optional)
     if summary:
@@ -183,10 +201,10 @@ def _summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _acceptance_by_depth(run: dict[str, Any]) -> dict[int, tuple[int, tuple[int, ...]]]:
+def _acceptance_by_depth(run: dict[str, Any], cls: str = "predictable") -> dict[int, tuple[int, tuple[int, ...]]]:
     stats = run["stats"]
     return {d: (p.num_drafts, tuple(p.accepted_per_position))
-            for d, p in stats.acceptance_by_depth("predictable", ["measure"]).items()}
+            for d, p in stats.acceptance_by_depth(cls, ["measure"]).items()}
 
 
 def _worker(run: dict[str, Any]) -> dict[str, Any]:
@@ -295,6 +313,22 @@ def test_the_multiprocess_executor_lowers_and_skips_too(runs: dict[str, dict[str
     assert 0 < stats.draft_fetches < stats.steps and stats.draft_fetch_ms > 0
     drafts, accepted = _acceptance_by_depth(run)[1]
     assert drafts > 0 and accepted[0] / drafts > 0.85  # as in-process (derivation in the off-steps test)
+
+
+def test_prompts_of_requests_at_depth_zero_stay_out_of_the_drafter_and_nothing_else_changes(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    deferred, read = runs["mixed-deferred"], runs["mixed-read"]
+    assert deferred["outputs"] == read["outputs"] == runs["mixed-none"]["outputs"]
+    counters = _worker(deferred)
+    # Entropic requests joined while predictable ones drafted: the drafter read only their last prompt token.
+    assert counters["deferred_prompts"] > 0 and counters["deferred_prompt_tokens"] > counters["deferred_prompts"]
+    assert _worker(read)["deferred_prompts"] == 0
+    # The entropic class never verifies a draft, so its holes are never replayed; the predictable requests draft
+    # and accept exactly as when the drafter reads every prompt.
+    assert set(_acceptance_by_depth(deferred, "entropic")) <= {0}
+    assert _acceptance_by_depth(deferred) == _acceptance_by_depth(read) != {}
+    assert counters["abandoned_holes"] == 0
 
 
 def main(argv: list[str]) -> int:

@@ -205,6 +205,47 @@ def test_a_decoding_request_past_the_cap_makes_a_prompt_step_run_the_drafter_and
     assert run.output_tokens == 18
 
 
+class _ByClassRule(_ScriptedRule):
+    """Every request at its class's depth."""
+
+    def __init__(self, depth_of: dict[str, int]) -> None:
+        super().__init__([0])
+        self.depth_of = depth_of
+        self.cls: dict[str, str] = {}
+
+    def join(self, request_id: str, cls: str) -> None:
+        self.cls[request_id] = cls
+
+    def plan(self, request_ids: Sequence[str], scheduled: int) -> tuple[list[int], int]:
+        depths = [self.depth_of[self.cls[r]] for r in request_ids]
+        return depths, max(depths, default=0)
+
+
+@dataclass(frozen=True)
+class _ByClass(_Scripted):
+    depth_of: tuple[tuple[str, int], ...] = ()
+
+    def start(self) -> _ByClassRule:
+        return _ByClassRule(dict(self.depth_of))
+
+
+@pytest.mark.parametrize(("cap", "deferred"), [(PROMPT, True), (PROMPT - 1, False)])
+def test_a_prompt_at_depth_zero_in_a_drafting_step_is_left_to_a_replay(cap: int, deferred: bool) -> None:
+    # A (class a, depth 1, prompt 3) and B (class b, depth 0, prompt 20) start together: the drafter runs for A and
+    # reads only B's last prompt token (the plugin's workers, `defer_idle_prompts`), when B's replay would stay
+    # within the cap. B never drafts, so its prompt never costs the drafter anything.
+    reqs = (SimRequest(0, "a", 3, 6), SimRequest(1, "b", PROMPT, 3))
+    rec = _Recorder(_termed())
+    run = simulate([Phase("p", reqs)], _ByClass((), depth_of=(("a", 1), ("b", 0))), rec,
+                   AcceptanceModel({"a": NEVER, "b": NEVER}, 4), concurrency=2, max_catch_up_tokens=cap)
+    first = rec.shapes[0]
+    assert first.prefill_tokens == 3 + PROMPT and first.drafting_depth == 1
+    assert first.deferred_prompt_tokens == (PROMPT - 1 if deferred else 0)
+    # 10 + 23 tokens + 4 for the drafter, less the drafter's 0.25 ms on each of the 19 tokens it leaves out.
+    assert _termed().step_ms(first) == pytest.approx(37.0 - (0.25 * (PROMPT - 1) if deferred else 0.0))
+    assert run.catch_up_tokens == 0 and run.output_tokens == 9
+
+
 def test_a_sync_pass_runs_the_drafter_over_one_slot_in_every_off_step() -> None:
     # EAGLE heads (and async scheduling): off-steps keep the drafter's KV with a one-slot pass; nothing is skipped
     # or replayed, the prompt step included.

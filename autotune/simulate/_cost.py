@@ -65,7 +65,9 @@ class StepShape:
     ``drafter_idle``: the engine has a drafter but skips it in this step (``drafting_depth == 0`` of a speculative
     engine); False for an engine without speculation. ``drafter_skips_prompt``: the skipped drafter leaves this
     step's prompt tokens to a later replay (drafter-width control, ``catch_up``): the target alone computes them now;
-    only with ``drafter_idle``.
+    only with ``drafter_idle``. ``deferred_prompt_tokens``: of ``prefill_tokens``, those a running drafter leaves to
+    a later replay (prompts of requests planned at depth 0, ``DrafterWidthSettings.defer_idle_prompts``); only with
+    ``drafting_depth > 0``.
     """
 
     batch_size: int
@@ -77,6 +79,7 @@ class StepShape:
     catch_up_tokens: int = 0
     drafter_idle: bool = False
     drafter_skips_prompt: bool = False
+    deferred_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0 \
@@ -88,6 +91,9 @@ class StepShape:
             raise ValueError(f"the drafter replays tokens only in a step where it runs, but got {self}.")
         if self.drafter_skips_prompt and not self.drafter_idle:
             raise ValueError(f"only a step that skips its drafter leaves the prompt to a replay, but got {self}.")
+        if not 0 <= self.deferred_prompt_tokens <= self.prefill_tokens or (
+                self.deferred_prompt_tokens and self.drafting_depth == 0):
+            raise ValueError(f"a running drafter defers at most the step's prompt tokens, but got {self}.")
         if self.batch_size + self.prefill_requests < 1:
             raise ValueError("a step has at least one request (decoding or prefilling).")
         if self.verified_tokens < self.batch_size:
@@ -121,9 +127,9 @@ class FittedStepCost:
     - ``idle_drafter_ms``: what a speculative engine's step costs over a plain engine's when the drafter is skipped
       (``StepShape.drafter_idle``; the fit prices such a step like a no-speculation step). Measured in a profile as
       the speculative launch's drafter-off steps minus the no-speculation launch's at the same batch size.
-      The prompt tokens of a skipped step whose drafter replays them later (``StepShape.drafter_skips_prompt``)
-      cost the fit's per-token time less ``drafter_token_ms`` each (at most all of it): the drafter's share moves
-      to the replay (or is never paid).
+      The prompt tokens of a skipped step whose drafter replays them later (``StepShape.drafter_skips_prompt``),
+      and those a running drafter defers (``StepShape.deferred_prompt_tokens``), cost the fit's per-token time less
+      ``drafter_token_ms`` each (at most all of it): the drafter's share moves to the replay (or is never paid).
     - ``step_overhead_ms``: host time per step outside the model's measured window (the plugin times a step from
       ``schedule()`` to ``update_from_output()``; output processing between steps is not in it).
     - ``draft_fetch_ms``: host time per step whose drafter ran, outside that window: vLLM's engine core fetches the
@@ -170,6 +176,7 @@ class FittedStepCost:
         ms = max(ms, 1e-3) + self.step_overhead_ms
         if ran:
             ms += self.drafter_token_ms * shape.catch_up_tokens + self.draft_fetch_ms
+            ms -= min(self.drafter_token_ms, self._per_token) * shape.deferred_prompt_tokens
         elif shape.drafter_idle:
             ms += self.idle_drafter_ms
             if shape.drafter_skips_prompt:

@@ -25,7 +25,8 @@ Each step:
    skipped for it -- a skipped prompt chunk's tokens, a skipped decode step's new tokens -- and the next step whose
    drafter runs for it replays them (``StepShape.catch_up_tokens``): a request that first drafts after a skipped
    prompt replays its prompt and its output so far, one that never drafts again never pays for them (in a drafting
-   step a request planned at depth 0 keeps its missed tokens, as the plugin's workers do); a request with more
+   step a request planned at depth 0 keeps its missed tokens, and its prompt chunk joins them unread if that keeps
+   it within ``max_catch_up_tokens``, as the plugin's workers do); a request with more
    than ``max_catch_up_tokens`` missed is abandoned (not replayed), as the plugin does. A vLLM schedule at K = 0
    runs the drafter anyway (its rule says at what depth, `BatchSizeSchedule`), as vLLM does.
    Every decoding request gains ``A_r + 1`` tokens (A_r accepted drafts from its `AcceptanceStream`, plus the bonus
@@ -285,12 +286,18 @@ def simulate(
                 drafting = 1  # a one-slot pass keeps the drafter's KV cache (nothing to replay later)
             elif prefill_tokens and not (track and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
                 drafting = 1  # the drafter reads the prompt tokens now (at one slot)
-        catch_up = 0
+        catch_up = deferred_prompt = 0
         deferred: set[int] = set()  # requests in the pass planned at depth 0: they keep their missed tokens
         if track and drafting > 0:
-            # The plugin names the requests planned above 0 when some are not (`DRAFTING_ATTR`); only those replay.
+            # The plugin names the requests planned above 0 when some are not (`DRAFTING_ATTR`); only those replay,
+            # and the others' prompt chunks are left to a replay too (but their last token) when it stays in bounds.
             named = {id(x) for x, k in zip(planned_for, planned, strict=True) if k > 0} \
                 if any(k == 0 for k in planned) else None
+            if named is not None:
+                for x, chunk in chunks:
+                    if id(x) not in named and chunk > 1 and x.missed + chunk <= max_catch_up_tokens:
+                        deferred.add(id(x))
+                        deferred_prompt += chunk - 1
             for x in decoding + [x for x, _ in chunks]:  # the requests in the drafter's pass
                 if x.missed:
                     if named is not None and id(x) not in named:
@@ -303,7 +310,7 @@ def simulate(
         skips_prompt = track and idle and prefill_tokens > 0
         context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
         shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle,
-                          skips_prompt)
+                          skips_prompt, deferred_prompt)
         step_ms = cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's time
         t += step_ms + plugin_ms
         steps += 1

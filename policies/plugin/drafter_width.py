@@ -34,7 +34,10 @@ Under ``catch_up`` a step with prompt tokens is skipped too: a request whose pro
 with its first drafting step (one pass over prompt and output so far), so a request that never drafts never pays
 for its prompt in the drafter. In a drafting step only the requests planned above depth 0 replay (`DRAFTING_ATTR`):
 an exploration, one request at its cap, would otherwise replay the whole batch's prompts and outputs (measured at
-c=8: 55 ms for that step against 5.3 ms for an off-step).
+c=8: 55 ms for that step against 5.3 ms for an off-step). Likewise a request planned at depth 0 whose prompt is
+computed in a drafting step (a new request joining a batch that drafts) passes only its last token to the drafter
+(``defer_idle_prompts``): the rest of its prompt becomes a hole, replayed if the request ever drafts, so the drafter
+does not read the prompts of requests whose drafts are trimmed away.
 
 Failure: any exception inside the patched paths (or the ``fault`` test hook) is logged once, the patch turns itself
 off in that worker and the step is re-run through vLLM's own code at depth K (0 < k < K would break vLLM) or k (0 or
@@ -109,6 +112,9 @@ class DrafterWidthSettings:
     max_catch_up_tokens: int = MAX_CATCH_UP_TOKENS
     """Replay at most this many tokens per request; a longer gap stays unwritten (acceptance may drop, outputs
     never change)."""
+    defer_idle_prompts: bool = True
+    """Under ``catch_up``: in a drafting step, a request planned at depth 0 passes only the last token of its prompt
+    to the drafter; the rest is replayed when it drafts (within ``max_catch_up_tokens``, else read now)."""
     fault: str | None = None
     """Test hook: ``propose`` raises in the first lowered drafting call, ``skip`` in the first skipped step,
     ``handshake`` in the handshake itself."""
@@ -244,12 +250,13 @@ class _Patch:
             "drafting_steps": 0, "lowered_steps": 0, "skipped_steps": 0, "skipped_prompt_steps": 0,
             "sync_pass_steps": 0,
             "plain_sampler_steps": 0, "zero_draft_metadata_steps": 0, "caught_up_requests": 0, "caught_up_tokens": 0,
-            "deferred_holes": 0,
+            "deferred_holes": 0, "deferred_prompts": 0, "deferred_prompt_tokens": 0,
             "abandoned_holes": 0,
             "faults": 0,
         }
         self._decode_step = False
         self._drafting_reqs: frozenset[str] | None = None  # requests planned above depth 0 (None: all)
+        self._defer = self.catch_up and settings.defer_idle_prompts
         self.drafter_ms: dict[int, list[float]] = {}
         self.max_timings = 4096
         self.orig_propose_ids = runner.propose_draft_token_ids
@@ -420,7 +427,7 @@ class _Patch:
             if 0 < k < self.k_max:
                 self._maybe_fault("propose")
             ids, positions, cad = target_token_ids, target_positions, common_attn_metadata
-            if self.sync.holes:
+            if self.sync.holes or (self._defer and self._drafting_reqs is not None and not self._decode_step):
                 ids, positions, cad = self._replay_holes(ids, positions, cad, k)
             self._set_slots(k)
             t0 = time.perf_counter()
@@ -445,7 +452,8 @@ class _Patch:
             self._restore_slots()
 
     def _replay_holes(self, ids: Any, positions: Any, cad: Any, k: int) -> tuple[Any, Any, Any]:
-        """Prepend to each request's drafter query the tokens a skipped step left without drafter KV."""
+        """Prepend to each drafting request's drafter query the tokens a skipped step left without drafter KV, and
+        cut the prompt of each request planned at depth 0 to its last token (`_deferred_prompt`)."""
         import numpy as np
         import torch
 
@@ -453,10 +461,18 @@ class _Patch:
         batch = runner.input_batch
         n = batch.num_reqs
         computed = batch.num_computed_tokens_cpu
+        qsl = cad.query_start_loc_cpu
         extra = np.zeros(n, dtype=np.int64)
         replay: dict[int, tuple[int, Any]] = {}
+        cut: set[int] = set()
         drafting = self._drafting_reqs
+        deferring = drafting if self._defer and not self._decode_step else None  # requests outside it may defer
         for i, req_id in enumerate(batch.req_ids[:n]):
+            if deferring is not None and req_id not in deferring \
+                    and self._deferred_prompt(i, req_id, int(qsl[i + 1] - qsl[i])):
+                cut.add(i)
+                extra[i] = 1 - int(qsl[i + 1] - qsl[i])
+                continue
             if not self.sync.pending(req_id):
                 continue
             if drafting is not None and req_id not in drafting:
@@ -475,20 +491,24 @@ class _Patch:
             extra[i] = q - hole
         if len(self.sync.holes) > 4 * max(n, 1) + 64:
             self.sync.prune(runner.requests)
-        total = int(extra.sum())
-        if not total:
+        if not replay and not cut:
             return ids, positions, cad
         slots = drafting_slots(k, self.k_max, self.parallel)
-        if int(cad.num_actual_tokens) + total + n * slots > int(self.drafter.max_num_tokens):
+        if replay and int(cad.num_actual_tokens) + int(extra.sum()) + n * slots > int(self.drafter.max_num_tokens):
             self.counters["abandoned_holes"] += len(replay)
-            return ids, positions, cad
-        qsl = cad.query_start_loc_cpu
+            for i in replay:
+                extra[i] = 0
+            replay = {}
+            if not cut:
+                return ids, positions, cad
         device = ids.device
         id_parts: list[Any] = []
         pos_parts: list[Any] = []
         for i in range(n):
             a, b = int(qsl[i]), int(qsl[i + 1])
-            if i in replay:
+            if i in cut:
+                a = b - 1
+            elif i in replay:
                 hole, tokens = replay[i]
                 id_parts.append(torch.as_tensor(np.asarray(tokens), dtype=ids.dtype).to(device))
                 pos_parts.append(torch.arange(hole, hole + len(tokens), dtype=positions.dtype, device=device))
@@ -505,9 +525,28 @@ class _Patch:
             _num_computed_tokens_cache=None,
             _token_to_req_indices_cache=None,
         )
-        self.counters["caught_up_requests"] += len(replay)
-        self.counters["caught_up_tokens"] += total
+        if replay:
+            self.counters["caught_up_requests"] += len(replay)
+            self.counters["caught_up_tokens"] += int(sum(extra[i] for i in replay))
         return torch.cat(id_parts), torch.cat(pos_parts), new_cad
+
+    def _deferred_prompt(self, i: int, req_id: str, query_len: int) -> bool:
+        """Whether request row `i` (planned at depth 0 in this drafting step) leaves all but the last token of its
+        query out of the drafter's pass: only when the query computes prompt tokens and the request's replay, should
+        it draft later, stays within ``max_catch_up_tokens``. Records the hole from the query's start (from 0 for a
+        request recomputed after preemption)."""
+        batch = self.runner.input_batch
+        q = int(batch.num_computed_tokens_cpu[i])
+        if query_len <= 1 or q >= int(batch.num_prompt_tokens[i]):
+            return False
+        holes = self.sync.holes
+        hole = min(holes.get(req_id, q), q)
+        if q + query_len - hole > self.settings.max_catch_up_tokens:
+            return False
+        holes[req_id] = hole
+        self.counters["deferred_prompts"] += 1
+        self.counters["deferred_prompt_tokens"] += query_len - 1
+        return True
 
 
 def zero_draft_metadata(runner: Any, num_draft_tokens: Any, cu_num_scheduled_tokens: Any) -> Any:
