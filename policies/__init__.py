@@ -34,7 +34,7 @@ from policies._files import (
     load_yaml_text,
     read_text,
 )
-from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, off_step_mode
+from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, REPLAY_MODES, off_step_mode
 from policies._request_policy import (
     BUILTIN_CLASSES,
     CLASS_KEY,
@@ -73,6 +73,7 @@ __all__ = [
     "MAX_K",
     "MAX_K_KEY",
     "OFF_STEP_MODES",
+    "REPLAY_MODES",
     "PARALLEL_FEATURES",
     "POLICY_FORMAT_VERSION",
     "SEQUENTIAL_FEATURES",

@@ -56,7 +56,8 @@ class DraftModelProposer:
 class Runner:
     """A synchronous V1 model runner with two requests; ``step`` runs one step's drafting as vLLM's runner does."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix_caching: bool = False) -> None:
+        self.cache_config = SimpleNamespace(enable_prefix_caching=prefix_caching)
         self.drafter = DraftModelProposer()
         self.speculative_config = SimpleNamespace(num_speculative_tokens=K, method="draft_model",
                                                   parallel_drafting=True, disable_padded_drafter_batch=False)
@@ -93,24 +94,24 @@ class Runner:
                                     torch.tensor(positions), None, None, None, cad, None)
 
     def step(self, computed: tuple[int, int], scheduled: dict[str, int], new: tuple[str, ...] = (),
-             drafting: frozenset[str] | None = None) -> dict[str, Any]:
+             drafting: frozenset[str] | None = None, width: int = K) -> dict[str, Any]:
         self.input_batch.num_computed_tokens_cpu[:] = computed
         output = SimpleNamespace(
             scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in new], scheduled_spec_decode_tokens={},
             scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=()), num_scheduled_tokens=scheduled,
-            total_num_scheduled_tokens=sum(scheduled.values()), num_spec_tokens_to_schedule=K)
+            total_num_scheduled_tokens=sum(scheduled.values()), num_spec_tokens_to_schedule=width)
         if drafting is not None:
             output.peagle_drafting_reqs = drafting
         self.propose_draft_token_ids(output, None)
         return self.drafter.calls[-1]
 
 
-def _patched(**settings: Any) -> tuple[Runner, Any]:
+def _patched(prefix_caching: bool = False, **settings: Any) -> tuple[Runner, Any]:
     from policies.plugin.drafter_width import DrafterWidthSettings, install
 
-    runner = Runner()
+    runner = Runner(prefix_caching)
     status = install(runner, DrafterWidthSettings(**settings))
-    assert status.installed and status.off_steps == "catch_up", status
+    assert status.installed and status.off_steps == ("catch_up_decode" if prefix_caching else "catch_up"), status
     return runner, runner._peagle_drafter_width  # type: ignore[attr-defined]
 
 
@@ -148,3 +149,17 @@ def test_with_deferral_off_the_drafter_reads_every_prompt() -> None:
     step = runner.step((20, 0), {"p": 1, "e": PROMPT_E}, new=("e",), drafting=frozenset({"p"}))
     assert step["ids"] == [120, *range(200, 206)] and step["qsl"] == [0, 1, 7]
     assert patch.counters["deferred_prompts"] == 0
+
+
+def test_under_prefix_caching_every_prompt_is_read_and_a_width_zero_pass_replays_nothing() -> None:
+    runner, patch = _patched(prefix_caching=True)
+    step = runner.step((20, 0), {"p": 1, "e": PROMPT_E}, new=("e",), drafting=frozenset({"p"}))
+    assert step["ids"] == [120, *range(200, 206)] and patch.counters["deferred_prompts"] == 0
+    # "p" missed positions 21.. in skipped decode steps; a step with a new prompt runs the drafter at width 0 (one
+    # slot, nothing verified): it reads the prompt, and "p" keeps its hole for its next drafting step.
+    patch.sync.mark_skipped("p", 20)
+    width0 = runner.step((23, 0), {"p": 1, "e": PROMPT_E}, new=("e",), width=0)
+    assert width0["ids"] == [123, *range(200, 206)] and width0["k"] == 0 and width0["slots"] == 1
+    assert patch.sync.pending("p") and patch.counters["caught_up_requests"] == 0
+    drafting = runner.step((24, PROMPT_E), {"p": 1, "e": 1})
+    assert drafting["ids"][:4] == [121, 122, 123, 124]  # positions 21-23 replayed before p's query at 24

@@ -192,3 +192,19 @@ def test_off_steps_replay_only_for_token_only_drafters_under_sync_scheduling() -
     assert off_step_mode("holes", token_only=False, async_scheduling=False) == ("holes", None)
     with pytest.raises(ValueError, match="off_steps must be one of"):
         off_step_mode("never", token_only=True, async_scheduling=False)
+
+
+def test_under_prefix_caching_no_prompt_is_left_to_a_replay() -> None:
+    from policies import off_step_mode
+
+    mode, why = off_step_mode("catch_up", token_only=True, async_scheduling=False, prefix_caching=True)
+    assert mode == "catch_up_decode" and "prefix caching" in str(why)
+    # What does not leave prompts unread stays as it is; async and EAGLE heads still run a sync pass.
+    assert off_step_mode("holes", token_only=True, async_scheduling=False, prefix_caching=True)[0] == "holes"
+    assert off_step_mode("catch_up", token_only=False, async_scheduling=False, prefix_caching=True)[0] == "sync_pass"
+    assert off_step_mode("catch_up_decode", token_only=True, async_scheduling=True)[0] == "sync_pass"
+    # The scheduler marks a step with prompt tokens as an off-step only when the workers leave prompts to a replay.
+    prompt_step = SimpleNamespace(scheduled_new_reqs=[object()], num_scheduled_tokens={"a": 5},
+                                  scheduled_spec_decode_tokens={})
+    assert is_off_step(prompt_step, 0, HandshakeResult(True, True, "catch_up", None, ()))
+    assert not is_off_step(prompt_step, 0, HandshakeResult(True, True, "catch_up_decode", None, ()))

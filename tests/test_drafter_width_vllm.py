@@ -15,8 +15,8 @@ plan's depth per step, vary by a draft or two between launches.) ``multiproc`` r
 core and vLLM's multiprocess executor in their own processes, checked on its own. A launch without speculation gives
 the reference outputs. Three ``mixed-*`` launches alternate predictable and entropic prompts, the entropic class
 capped at depth 0 (static mode): entropic requests join batches whose predictable requests draft, with the worker
-leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``). One engine at
-a time, ~20-40 s each on 2 cores.
+leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``), and
+``mixed-cached`` with vLLM's prefix caching on (every prompt read). One engine at a time, ~20-40 s each on 2 cores.
 
 This file is also the engine driver: ``python tests/test_drafter_width_vllm.py JOB.json RESULT.json``.
 """
@@ -90,7 +90,8 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {
         "model": job["target"], "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0,
-        "disable_log_stats": False, "max_num_seqs": job.get("concurrency", CONCURRENCY), "enable_prefix_caching": False,
+        "disable_log_stats": False, "max_num_seqs": job.get("concurrency", CONCURRENCY),
+        "enable_prefix_caching": job.get("prefix_caching", False),
     }
     if job.get("plugin_only"):  # no speculation, but the plugin records step times
         kwargs.update(engine_kwargs())
@@ -170,6 +171,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "mixed-deferred": launch(tmp, "mixed-deferred", k=K, plugin=MIXED_PLUGIN, mixed=True),
         "mixed-read": launch(tmp, "mixed-read", k=K, plugin={**MIXED_PLUGIN, "drafter_width": {
             "defer_idle_prompts": False}}, mixed=True),
+        "mixed-cached": launch(tmp, "mixed-cached", k=K, plugin=MIXED_PLUGIN, mixed=True, prefix_caching=True),
     }
     summary = os.environ.get("PEAGLE_DRAFTER_WIDTH_SUMMARY")  # where to write the measured figures (optional)
     if summary:
@@ -329,6 +331,19 @@ def test_prompts_of_requests_at_depth_zero_stay_out_of_the_drafter_and_nothing_e
     assert set(_acceptance_by_depth(deferred, "entropic")) <= {0}
     assert _acceptance_by_depth(deferred) == _acceptance_by_depth(read) != {}
     assert counters["abandoned_holes"] == 0
+
+
+def test_under_prefix_caching_the_drafter_reads_every_prompt(runs: dict[str, dict[str, Any]]) -> None:
+    # vLLM caches a prompt's full blocks with the drafter's KV for later requests with the same prefix: no prompt may
+    # be left unwritten, so neither skipped (off-steps with prompts) nor deferred; decode off-steps still skip.
+    run = runs["mixed-cached"]
+    assert run["outputs"] == runs["mixed-none"]["outputs"]
+    info = run["stats"].info["drafter_width"]
+    assert info["off_steps"] == "catch_up_decode" and "prefix caching" in (info["reason"] or ""), info
+    counters = _worker(run)
+    assert counters["deferred_prompts"] == 0 and counters["skipped_prompt_steps"] == 0
+    assert counters["skipped_steps"] > 0
+    assert _worker(runs["lowered"])["skipped_prompt_steps"] > 0  # the same plugin without prefix caching skips them
 
 
 def main(argv: list[str]) -> int:

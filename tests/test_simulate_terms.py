@@ -513,3 +513,15 @@ def test_the_draft_fetch_is_paid_after_a_drafting_step_only() -> None:
     assert "draft fetch" in cost.label
     with pytest.raises(UsageError, match="draft_fetch_ms"):
         FittedStepCost(BASE, draft_fetch_ms=-0.1)
+
+
+def test_under_prefix_caching_the_prompt_is_read_and_only_decode_steps_are_replayed() -> None:
+    # catch_up_decode: the prompt step runs the drafter at one slot (reads the prompt: 34 ms, not 25.5); the 2 decode
+    # off-steps still skip it, and the step that drafts again replays their 2 tokens only.
+    run, shapes = _run(_Scripted((0, 0, 0, 1), off_steps="catch_up_decode"), 10)
+    assert shapes[0].drafting_depth == 1 and not shapes[0].drafter_idle and shapes[0].prefill_tokens == PROMPT
+    assert [s.drafter_idle for s in shapes[1:3]] == [True, True]
+    assert shapes[3].drafting_depth == 1 and shapes[3].catch_up_tokens == 2
+    assert run.catch_up_tokens == 2 and run.skipped_prompt_steps == 0
+    assert run.duration_ms == pytest.approx(READ_PROMPT_MS + 2 * IDLE_DECODE_MS + DRAFT_DECODE_MS + 0.25 * 2
+                                           + 6 * VERIFY_ONE_MS)

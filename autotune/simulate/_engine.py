@@ -16,6 +16,8 @@ Each step:
    ``catch_up`` (token-only drafters): the drafter is skipped, in steps with prompt tokens too unless some request
    of the step would then have more than ``max_catch_up_tokens`` to replay (tokens missed so far plus the tokens it
    computes in this step; the worker's ``_prompts_replayable``), in which case it runs at D = 1;
+   ``catch_up_decode`` (``catch_up`` under prefix caching): the same in decode-only steps, D = 1 in steps with
+   prompt tokens, and no prompt left to a replay;
    ``holes``: skipped in decode-only steps, run at D = 1 in steps with prompt tokens;
 5. the step takes ``cost.step_ms(StepShape(...))`` plus the config's ``plugin_ms_per_step`` (the scheduler plugin's
    own host time, `Adaptive`; the controller observes the step time without it). A speculative engine's step
@@ -52,7 +54,7 @@ from autotune.simulate._acceptance import AcceptanceModel, AcceptanceStream
 from autotune.simulate._configs import ServingConfig
 from autotune.simulate._cost import StepCostSource, StepShape
 from autotune.simulate._requests import Phase, SimRequest
-from policies import MAX_CATCH_UP_TOKENS
+from policies import MAX_CATCH_UP_TOKENS, REPLAY_MODES
 
 __all__ = ["MAX_CATCH_UP_TOKENS", "RequestRecord", "SimRun", "simulate"]
 
@@ -184,7 +186,8 @@ def simulate(
     off_steps = str(getattr(config, "off_steps", "catch_up"))
     # Drafter width under catch_up: the tokens each request missed in the drafter are replayed later (trimming runs
     # the drafter at K_max in every step, so it never misses any).
-    track = plugin and bool(getattr(config, "drafter_width", True)) and off_steps == "catch_up"
+    track = plugin and bool(getattr(config, "drafter_width", True)) and off_steps in REPLAY_MODES
+    prompts_left = track and off_steps == "catch_up"  # prompt tokens may be left to a replay
     plugin_ms = float(getattr(config, "plugin_ms_per_step", 0.0) or 0.0)
     if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
         raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
@@ -284,7 +287,7 @@ def simulate(
         elif plugin and drafting == 0:
             if off_steps == "sync_pass":
                 drafting = 1  # a one-slot pass keeps the drafter's KV cache (nothing to replay later)
-            elif prefill_tokens and not (track and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
+            elif prefill_tokens and not (prompts_left and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
                 drafting = 1  # the drafter reads the prompt tokens now (at one slot)
         catch_up = deferred_prompt = 0
         deferred: set[int] = set()  # requests in the pass planned at depth 0: they keep their missed tokens
@@ -293,7 +296,7 @@ def simulate(
             # and the others' prompt chunks are left to a replay too (but their last token) when it stays in bounds.
             named = {id(x) for x, k in zip(planned_for, planned, strict=True) if k > 0} \
                 if any(k == 0 for k in planned) else None
-            if named is not None:
+            if named is not None and prompts_left:
                 for x, chunk in chunks:
                     if id(x) not in named and chunk > 1 and x.missed + chunk <= max_catch_up_tokens:
                         deferred.add(id(x))

@@ -37,7 +37,11 @@ an exploration, one request at its cap, would otherwise replay the whole batch's
 c=8: 55 ms for that step against 5.3 ms for an off-step). Likewise a request planned at depth 0 whose prompt is
 computed in a drafting step (a new request joining a batch that drafts) passes only its last token to the drafter
 (``defer_idle_prompts``): the rest of its prompt becomes a hole, replayed if the request ever drafts, so the drafter
-does not read the prompts of requests whose drafts are trimmed away.
+does not read the prompts of requests whose drafts are trimmed away. Under prefix caching (``catch_up_decode``,
+`policies._off_steps`) no prompt is left unread: vLLM caches a prompt's full blocks, drafter KV included, for later
+requests with the same prefix, which would otherwise read unwritten drafter KV (outputs unchanged, acceptance lower).
+Blocks of generated tokens a skipped decode step left unwritten can still be cached; only a later request repeating
+that prompt and output exactly reuses them.
 
 Failure: any exception inside the patched paths (or the ``fault`` test hook) is logged once, the patch turns itself
 off in that worker and the step is re-run through vLLM's own code at depth K (0 < k < K would break vLLM) or k (0 or
@@ -55,7 +59,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, off_step_mode
+from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, REPLAY_MODES, off_step_mode
 
 __all__ = [
     "HANDSHAKE_METHOD",
@@ -161,7 +165,7 @@ class WorkerStatus:
 
     @property
     def skips_drafter(self) -> bool:
-        return self.installed and self.off_steps in ("catch_up", "holes")
+        return self.installed and self.off_steps in (*REPLAY_MODES, "holes")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,7 +244,8 @@ class _Patch:
         self.parallel = status.parallel
         self.disabled = False
         self.sync = DrafterSync()
-        self.catch_up = status.off_steps == "catch_up"
+        self.catch_up = status.off_steps in REPLAY_MODES
+        self.prompts_left = status.off_steps == "catch_up"  # prompts may be left to a replay (no prefix caching)
         self.skip = status.skips_drafter
         self._fault_pending = settings.fault
         d = self.drafter
@@ -256,7 +261,7 @@ class _Patch:
         }
         self._decode_step = False
         self._drafting_reqs: frozenset[str] | None = None  # requests planned above depth 0 (None: all)
-        self._defer = self.catch_up and settings.defer_idle_prompts
+        self._defer = self.prompts_left and settings.defer_idle_prompts
         self.drafter_ms: dict[int, list[float]] = {}
         self.max_timings = 4096
         self.orig_propose_ids = runner.propose_draft_token_ids
@@ -334,7 +339,7 @@ class _Patch:
         """A step with prompt tokens may skip the drafter only when catching up and every request's gap (its
         prompt so far included) stays within ``max_catch_up_tokens``; otherwise the drafter runs (a hole the
         catch-up abandons would cost the request its acceptance)."""
-        if not self.catch_up:
+        if not self.prompts_left:
             return False
         batch = self.runner.input_batch
         computed = batch.num_computed_tokens_cpu
@@ -427,7 +432,8 @@ class _Patch:
             if 0 < k < self.k_max:
                 self._maybe_fault("propose")
             ids, positions, cad = target_token_ids, target_positions, common_attn_metadata
-            if self.sync.holes or (self._defer and self._drafting_reqs is not None and not self._decode_step):
+            if self.sync.holes or (self._defer and not self._decode_step
+                                   and (k == 0 or self._drafting_reqs is not None)):
                 ids, positions, cad = self._replay_holes(ids, positions, cad, k)
             self._set_slots(k)
             t0 = time.perf_counter()
@@ -465,7 +471,9 @@ class _Patch:
         extra = np.zeros(n, dtype=np.int64)
         replay: dict[int, tuple[int, Any]] = {}
         cut: set[int] = set()
-        drafting = self._drafting_reqs
+        # A pass at width 0 (a step with prompt tokens the drafter must read) drafts nothing that is verified: nobody
+        # replays in it.
+        drafting = frozenset() if k == 0 else self._drafting_reqs
         deferring = drafting if self._defer and not self._decode_step else None  # requests outside it may defer
         for i, req_id in enumerate(batch.req_ids[:n]):
             if deferring is not None and req_id not in deferring \
@@ -629,8 +637,10 @@ def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerSta
     if not all(hasattr(runner, a) for a in ("propose_draft_token_ids", "_sample", "sampler", "input_batch")):
         return refuse(f"model runner {type(runner).__name__} lacks the V1 runner methods")
     token_only = not bool(getattr(drafter, "pass_hidden_states_to_model", True))
+    prefix_caching = bool(getattr(getattr(runner, "cache_config", None), "enable_prefix_caching", False))
     off, reason = off_step_mode(settings.off_steps, token_only=token_only,
-                                async_scheduling=bool(getattr(runner, "use_async_scheduling", False)))
+                                async_scheduling=bool(getattr(runner, "use_async_scheduling", False)),
+                                prefix_caching=prefix_caching)
     return WorkerStatus(True, reason, rank, k_max=k_max, method=method, parallel=parallel, lower_width=True,
                         off_steps=off)
 

@@ -151,7 +151,7 @@ def is_off_step(output: Any, width: int, result: HandshakeResult) -> bool:
     fits what they replay and run the drafter otherwise."""
     if width != 0 or not result.skip_drafter or not output.num_scheduled_tokens:
         return False
-    return result.off_steps == "catch_up" or not step_has_prompt_tokens(output)
+    return result.off_steps == "catch_up" or not step_has_prompt_tokens(output)  # not "catch_up_decode"
 
 
 def wrap_draft_fetch(
