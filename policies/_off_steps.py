@@ -5,9 +5,10 @@ The scheduler plugin's workers (`policies.plugin.drafter_width`) apply it at the
 replays the skipped tokens when the request drafts again, prompts included; ``catch_up_decode`` does the same for
 steps without prompt tokens only and lets the drafter read every prompt (what ``catch_up`` becomes under prefix
 caching: vLLM caches a prompt's full blocks for later requests with the same prefix, and a block whose drafter KV a
-skipped prompt left unwritten would feed those requests' drafter garbage, lowering their acceptance for as long as
-the block stays cached); ``sync_pass`` runs the drafter over one slot to keep its KV cache; ``holes`` skips without
-replay (kept for measurement).
+skipped prompt left unwritten would feed those requests' drafter KV it never wrote, for as long as the block stays
+cached: their drafts change, and with them their acceptance, in either direction; outputs never change);
+``sync_pass`` runs the drafter over one slot to keep its KV cache; ``holes`` skips without replay (kept for
+measurement).
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ computed in a drafting step (a new request joining a batch that drafts) passes o
 (``defer_idle_prompts``): the rest of its prompt becomes a hole, replayed if the request ever drafts, so the drafter
 does not read the prompts of requests whose drafts are trimmed away. Under prefix caching (``catch_up_decode``,
 `policies._off_steps`) no prompt is left unread: vLLM caches a prompt's full blocks, drafter KV included, for later
-requests with the same prefix, which would otherwise read unwritten drafter KV (outputs unchanged, acceptance lower).
+requests with the same prefix, which would otherwise read drafter KV nobody wrote (measured on the fixtures: a
+request reusing a skipped prompt's blocks drafted differently from one reading the prompt, 14 drafts with accepted
+[11, 6, 5, 5] against 18 with [13, 5, 2, 1]; identical once the prompt is read; outputs never change).
 Blocks of generated tokens a skipped decode step left unwritten can still be cached; only a later request repeating
 that prompt and output exactly reuses them.
 
