@@ -4,9 +4,10 @@ The scheduler plugin's workers (`policies.plugin.drafter_width`) apply it at the
 (`autotune.simulate`) applies the same rule to the drafter it simulates. Modes: ``catch_up`` skips the drafter and
 replays the skipped tokens when the request drafts again, prompts included; ``catch_up_decode`` does the same for
 steps without prompt tokens only and lets the drafter read every prompt (what ``catch_up`` becomes under prefix
-caching: vLLM caches a prompt's full blocks for later requests with the same prefix, and a block whose drafter KV a
-skipped prompt left unwritten would feed those requests' drafter KV it never wrote, for as long as the block stays
-cached: their drafts change, and with them their acceptance, in either direction; outputs never change);
+caching when the engine core does not guard the cache, `policies.plugin.prefix_guard`: vLLM caches a prompt's full
+blocks for later requests with the same prefix, and a block whose drafter KV a skipped prompt left unwritten would
+feed those requests' drafter KV it never wrote, for as long as the block stays cached: their drafts change, and with
+them their acceptance, in either direction; outputs never change);
 ``sync_pass`` runs the drafter over one slot to keep its KV cache; ``holes`` skips without replay (kept for
 measurement).
 """
@@ -31,7 +32,8 @@ def off_step_mode(
     states, which are gone) and synchronous scheduling (under async the worker's token copy lags); otherwise the
     drafter runs a one-slot sync pass.
 
-    Under ``prefix_caching`` no prompt is left unread (``catch_up`` -> ``catch_up_decode``).
+    Under ``prefix_caching`` (on, and not guarded by the engine core) no prompt is left unread (``catch_up`` ->
+    ``catch_up_decode``).
 
     Example: ``off_step_mode("catch_up", token_only=False, async_scheduling=False)[0] == "sync_pass"``;
     ``off_step_mode("catch_up", token_only=True, async_scheduling=False, prefix_caching=True)[0] ==

@@ -15,8 +15,10 @@ plan's depth per step, vary by a draft or two between launches.) ``multiproc`` r
 core and vLLM's multiprocess executor in their own processes, checked on its own. A launch without speculation gives
 the reference outputs. Three ``mixed-*`` launches alternate predictable and entropic prompts, the entropic class
 capped at depth 0 (static mode): entropic requests join batches whose predictable requests draft, with the worker
-leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``), and
-``mixed-cached`` with vLLM's prefix caching on (every prompt read). One engine at a time, ~20-40 s each on 2 cores.
+leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``), and with
+vLLM's prefix caching on: ``mixed-cached`` (prompts left out, their blocks kept out of the cache by the engine core)
+and ``mixed-cached-read`` (the guard off: every prompt read). ``reuse`` runs one prompt through the prefix cache as
+a class at depth 0, then at K (`_drive_reuse`). One engine at a time, ~20-40 s each on 2 cores.
 
 This file is also the engine driver: ``python tests/test_drafter_width_vllm.py JOB.json RESULT.json``.
 """
@@ -102,6 +104,8 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         if not job.get("extension", True):
             del kwargs["worker_extension_cls"]
     llm = LLM(**kwargs)
+    if job.get("reuse"):
+        return _drive_reuse(llm)
     labelled = _labelled("mixed" if job.get("mixed") else job.get("class", "predictable"),
                          job.get("num_prompts", NUM_PROMPTS))
     prompts = [p for p, _ in labelled]
@@ -122,6 +126,36 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # the engine without the extension has no such method
         result["workers"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+REUSE_MAX_TOKENS = 40
+
+
+def _drive_reuse(llm: Any) -> dict[str, Any]:
+    """One long predictable prompt P, run through vLLM's prefix cache: class "first" is capped at depth 0, so the
+    drafter leaves its prompt out; class "later" drafts at K. Phases: ``seed`` (P as "first", alone: an off-step with
+    a prompt), ``reuse`` (P as "later": would reuse seed's cached blocks), ``fresh`` (P as "later" after the cache is
+    reset: the reference), ``pair`` (P as "first" and as "later" admitted in the same step: "later" hits the blocks
+    "first" fills in that very step)."""
+    from vllm import SamplingParams
+
+    from policies.plugin import CLASS_KEY, PHASE_KEY
+
+    text = _prompts("predictable", 1)[0] + "\n"
+    prompt = text * (300 // len(text) + 1)
+
+    def run(*requests: tuple[str, str]) -> list[list[int]]:
+        params = [SamplingParams(temperature=0.0, max_tokens=REUSE_MAX_TOKENS, ignore_eos=True,
+                                 extra_args={CLASS_KEY: cls, PHASE_KEY: phase}) for cls, phase in requests]
+        return [list(o.outputs[0].token_ids) for o in llm.generate([prompt] * len(requests), params, use_tqdm=False)]
+
+    llm.generate(["hello world " * 3], [SamplingParams(temperature=0.0, max_tokens=8)], use_tqdm=False)  # warm-up
+    outputs = {"seed": run(("first", "seed")), "reuse": run(("later", "reuse"))}
+    assert llm.reset_prefix_cache()
+    outputs["fresh"] = run(("later", "fresh"))
+    assert llm.reset_prefix_cache()
+    outputs["pair"] = run(("first", "pair-first"), ("later", "pair"))
+    return {"outputs": outputs, "workers": llm.collective_rpc("peagle_drafter_width_counters")}
 
 
 def launch(tmp: Path, name: str, *, plugin: dict[str, Any] | None = None, **job: Any) -> dict[str, Any]:
@@ -155,6 +189,7 @@ def launch(tmp: Path, name: str, *, plugin: dict[str, Any] | None = None, **job:
 PLAN_PLUGIN: dict[str, Any] = {"mode": "plan", "plan": PLAN}
 # Mixed classes: predictable requests verify K, entropic ones 0, so entropic requests join batches that draft.
 MIXED_PLUGIN: dict[str, Any] = {"mode": "static", "class_depths": {"entropic": 0}}
+REUSE_PLUGIN: dict[str, Any] = {"mode": "static", "class_depths": {"first": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +207,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "mixed-read": launch(tmp, "mixed-read", k=K, plugin={**MIXED_PLUGIN, "drafter_width": {
             "defer_idle_prompts": False}}, mixed=True),
         "mixed-cached": launch(tmp, "mixed-cached", k=K, plugin=MIXED_PLUGIN, mixed=True, prefix_caching=True),
+        "mixed-cached-read": launch(tmp, "mixed-cached-read", k=K, plugin={**MIXED_PLUGIN, "drafter_width": {
+            "prefix_cache_guard": False}}, mixed=True, prefix_caching=True),
+        "reuse": launch(tmp, "reuse", k=K, plugin=REUSE_PLUGIN, reuse=True, prefix_caching=True),
     }
     summary = os.environ.get("PEAGLE_DRAFTER_WIDTH_SUMMARY")  # where to write the measured figures (optional)
     if summary:
@@ -333,17 +371,47 @@ def test_prompts_of_requests_at_depth_zero_stay_out_of_the_drafter_and_nothing_e
     assert counters["abandoned_holes"] == 0
 
 
-def test_under_prefix_caching_the_drafter_reads_every_prompt(runs: dict[str, dict[str, Any]]) -> None:
-    # vLLM caches a prompt's full blocks with the drafter's KV for later requests with the same prefix: no prompt may
-    # be left unwritten, so neither skipped (off-steps with prompts) nor deferred; decode off-steps still skip.
-    run = runs["mixed-cached"]
-    assert run["outputs"] == runs["mixed-none"]["outputs"]
+def test_under_prefix_caching_prompts_left_out_are_kept_out_of_the_cache(runs: dict[str, dict[str, Any]]) -> None:
+    # vLLM caches a prompt's full blocks with the drafter's KV for later requests with the same prefix. The engine
+    # core evicts the blocks of prompts the drafter left out (and has it read prompts that come back), so the
+    # workers leave prompts out as without prefix caching; nothing else changes.
+    run, read = runs["mixed-cached"], runs["mixed-cached-read"]
+    assert run["outputs"] == read["outputs"] == runs["mixed-none"]["outputs"]
     info = run["stats"].info["drafter_width"]
-    assert info["off_steps"] == "catch_up_decode" and "prefix caching" in (info["reason"] or ""), info
+    assert info["off_steps"] == "catch_up" and info["reason"] is None, info
+    guard = info["prefix_cache_guard"]
     counters = _worker(run)
+    assert counters["deferred_prompts"] > 0 and guard["cut_prompts"] > 0 and guard["evicted_blocks"] > 0
+    assert _acceptance_by_depth(run) == _acceptance_by_depth(read) == _acceptance_by_depth(runs["mixed-read"])
+
+
+def test_without_the_guard_the_drafter_reads_every_prompt_under_prefix_caching(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    info = runs["mixed-cached-read"]["stats"].info["drafter_width"]
+    assert info["off_steps"] == "catch_up_decode" and "prefix caching" in (info["reason"] or ""), info
+    assert info["prefix_cache_guard"] is None
+    counters = _worker(runs["mixed-cached-read"])
     assert counters["deferred_prompts"] == 0 and counters["skipped_prompt_steps"] == 0
-    assert counters["skipped_steps"] > 0
-    assert _worker(runs["lowered"])["skipped_prompt_steps"] > 0  # the same plugin without prefix caching skips them
+    assert counters["skipped_steps"] > 0  # decode off-steps still skip
+
+
+def test_a_request_reusing_a_prompt_the_drafter_left_out_drafts_as_if_fresh(runs: dict[str, dict[str, Any]]) -> None:
+    run = runs["reuse"]
+    outputs = run["outputs"]
+    assert outputs["seed"] == outputs["reuse"] == outputs["fresh"] == outputs["pair"][:1] == outputs["pair"][1:]
+    assert _worker(run)["skipped_prompt_steps"] > 0  # seed's prompt: an off-step, the drafter left it out
+    guard = run["stats"].info["drafter_width"]["prefix_cache_guard"]
+    assert guard["evicted_blocks"] > 0 and guard["read_prompts"] > 0  # seed evicted; pair's "first" read
+
+    def drafts(phase: str) -> dict[int, tuple[int, tuple[int, ...]]]:
+        return {d: (p.num_drafts, tuple(p.accepted_per_position))
+                for d, p in run["stats"].acceptance_by_depth("later", [phase]).items()}
+
+    # Reading drafter KV that nobody wrote changed these drafts before the guard (14 drafts, accepted [11, 6, 5, 5]
+    # against 18, [13, 5, 2, 1] fresh); now "reuse" recomputes the evicted prompt, and in "pair" the prompt "later"
+    # shares with "first" in the same step is read by the drafter.
+    assert drafts("reuse") == drafts("fresh") == drafts("pair") != {}
 
 
 def main(argv: list[str]) -> int:

@@ -210,8 +210,9 @@ class PluginConfig:
     """Drafter-width control (`policies.plugin.drafter_width`): None or {} = on when every worker proves the patch
     in the handshake (the drafter drafts only the deepest planned depth; a step where every request is at depth 0
     skips it); ``{"enabled": false}`` = trimming only. Other keys are `DrafterWidthSettings` fields
-    (``off_steps``: "catch_up" (default; "catch_up_decode" under prefix caching), "sync_pass" or "holes";
-    ``skip_sampler``; ``max_catch_up_tokens``; ``defer_idle_prompts``; ``fault``: a worker-side test hook)."""
+    (``off_steps``: "catch_up" (default; "catch_up_decode" under prefix caching without ``prefix_cache_guard``),
+    "sync_pass" or "holes"; ``skip_sampler``; ``max_catch_up_tokens``; ``defer_idle_prompts``;
+    ``prefix_cache_guard``; ``fault``: a worker-side test hook)."""
     fault_where: str = "plugin"
     """Where the ``fault_class`` hook raises: "plugin" (the plugin's own logic: the plugin turns itself off and
     serves at ``static_depth``, un-trimmed when that is None) or "controller" (`DepthController.decide`, adaptive

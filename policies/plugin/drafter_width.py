@@ -37,13 +37,15 @@ an exploration, one request at its cap, would otherwise replay the whole batch's
 c=8: 55 ms for that step against 5.3 ms for an off-step). Likewise a request planned at depth 0 whose prompt is
 computed in a drafting step (a new request joining a batch that drafts) passes only its last token to the drafter
 (``defer_idle_prompts``): the rest of its prompt becomes a hole, replayed if the request ever drafts, so the drafter
-does not read the prompts of requests whose drafts are trimmed away. Under prefix caching (``catch_up_decode``,
-`policies._off_steps`) no prompt is left unread: vLLM caches a prompt's full blocks, drafter KV included, for later
-requests with the same prefix, which would otherwise read drafter KV nobody wrote (measured on the fixtures: a
-request reusing a skipped prompt's blocks drafted differently from one reading the prompt, 14 drafts with accepted
-[11, 6, 5, 5] against 18 with [13, 5, 2, 1]; identical once the prompt is read; outputs never change).
-Blocks of generated tokens a skipped decode step left unwritten can still be cached; only a later request repeating
-that prompt and output exactly reuses them.
+does not read the prompts of requests whose drafts are trimmed away. vLLM's prefix caching caches a prompt's full
+blocks, drafter KV included, for later requests with the same prefix, which would read drafter KV nobody wrote
+(measured on the fixtures: a request reusing a skipped prompt's blocks drafted differently from one reading the
+prompt, 14 drafts with accepted [11, 6, 5, 5] against 18 with [13, 5, 2, 1]; outputs never change). So under prefix
+caching prompts are left out only when the engine core runs `policies.plugin.prefix_guard` (it keeps the blocks of
+prompts left out of the cache, and names shared prompts for the drafter to read, in `DRAFTING_ATTR`, even in a pass
+at width 0); otherwise (``prefix_cache_guard`` false, ``catch_up_decode`` in `policies._off_steps`) the drafter reads
+every prompt. Blocks of generated tokens a skipped decode step left unwritten can still be cached; only a later
+request repeating that prompt and output exactly (a next chat turn) reuses them.
 
 Failure: any exception inside the patched paths (or the ``fault`` test hook) is logged once, the patch turns itself
 off in that worker and the step is re-run through vLLM's own code at depth K (0 < k < K would break vLLM) or k (0 or
@@ -121,6 +123,10 @@ class DrafterWidthSettings:
     defer_idle_prompts: bool = True
     """Under ``catch_up``: in a drafting step, a request planned at depth 0 passes only the last token of its prompt
     to the drafter; the rest is replayed when it drafts (within ``max_catch_up_tokens``, else read now)."""
+    prefix_cache_guard: bool = True
+    """Under vLLM's prefix caching, leave prompts out of the drafter all the same, because the engine core keeps the
+    blocks they fill out of the prefix cache (`policies.plugin.prefix_guard`; the scheduler sends True only when it
+    runs the guard). False: under prefix caching the drafter reads every prompt (``catch_up_decode``)."""
     fault: str | None = None
     """Test hook: ``propose`` raises in the first lowered drafting call, ``skip`` in the first skipped step,
     ``handshake`` in the handshake itself."""
@@ -474,8 +480,9 @@ class _Patch:
         replay: dict[int, tuple[int, Any]] = {}
         cut: set[int] = set()
         # A pass at width 0 (a step with prompt tokens the drafter must read) drafts nothing that is verified: nobody
-        # replays in it.
-        drafting = frozenset() if k == 0 else self._drafting_reqs
+        # replays in it but the requests the scheduler names (prompts the prefix-cache guard wants read, with any
+        # earlier chunk they left out: a cached block needs its drafter KV computed from a complete context).
+        drafting = (self._drafting_reqs or frozenset()) if k == 0 else self._drafting_reqs
         deferring = drafting if self._defer and not self._decode_step else None  # requests outside it may defer
         for i, req_id in enumerate(batch.req_ids[:n]):
             if deferring is not None and req_id not in deferring \
@@ -639,7 +646,8 @@ def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerSta
     if not all(hasattr(runner, a) for a in ("propose_draft_token_ids", "_sample", "sampler", "input_batch")):
         return refuse(f"model runner {type(runner).__name__} lacks the V1 runner methods")
     token_only = not bool(getattr(drafter, "pass_hidden_states_to_model", True))
-    prefix_caching = bool(getattr(getattr(runner, "cache_config", None), "enable_prefix_caching", False))
+    prefix_caching = bool(getattr(getattr(runner, "cache_config", None), "enable_prefix_caching", False)) \
+        and not settings.prefix_cache_guard  # the engine core keeps blocks of unread prompts out of the cache
     off, reason = off_step_mode(settings.off_steps, token_only=token_only,
                                 async_scheduling=bool(getattr(runner, "use_async_scheduling", False)),
                                 prefix_caching=prefix_caching)

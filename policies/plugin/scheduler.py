@@ -106,6 +106,7 @@ from policies.plugin.drafting import (
 from policies.plugin.factory import build_controller, check_plugin_fault
 from policies.plugin.labels import Labeled, RequestLabeler
 from policies.plugin.metrics import GuardedMetrics, metrics_visible
+from policies.plugin.prefix_guard import PrefixCacheGuard
 from policies.plugin.stats import PluginStats
 
 __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
@@ -191,6 +192,7 @@ class PeagleScheduler(Scheduler):
         self._drafting_for: Mapping[str, int] | None = None  # the depths `_drafting_set` was computed from
         self._drafting_set: frozenset[str] | None = None
         self._skip = False  # off-steps skip the drafter (every worker proved it)
+        self._guard: PrefixCacheGuard | None = None  # keeps blocks of prompts the drafter left out uncached
         self._width_fallback_logged = False
         try:
             self._setup()
@@ -225,7 +227,8 @@ class PeagleScheduler(Scheduler):
             "parallel_drafting": self._parallel,
             "lower_drafting_depth": lower,
             "async_scheduling": async_on or self._async,
-            "drafter_width": {**self._width.info(), "skip_drafter": self._skip, "skip_fetch": self._fetch_skipped},
+            "drafter_width": {**self._width.info(), "skip_drafter": self._skip, "skip_fetch": self._fetch_skipped,
+                              "prefix_cache_guard": None if self._guard is None else self._guard.counters},
             "max_num_seqs": self.scheduler_config.max_num_seqs,
         }
         if self._k == 0:
@@ -272,7 +275,14 @@ class PeagleScheduler(Scheduler):
         if not config.drafter_width_enabled:
             return HandshakeResult.refused("drafter_width.enabled is false in the plugin config")
         self._executor = find_engine_executor()
-        return handshake(self._executor, config.drafter_width_settings())
+        settings = config.drafter_width_settings()
+        guard = PrefixCacheGuard.for_scheduler(self) if settings.prefix_cache_guard else None
+        if guard is None and settings.prefix_cache_guard:  # the workers read every prompt under prefix caching
+            settings = dataclasses.replace(settings, prefix_cache_guard=False)
+        result = handshake(self._executor, settings)
+        # Only "catch_up" leaves prompts out of the drafter; with prefix caching off there is nothing to guard.
+        self._guard = guard if result.off_steps == "catch_up" else None
+        return result
 
     def _no_drafts_to_fetch(self) -> bool:
         """The step just executed skipped the drafter, so there are no drafts to fetch from the workers. Every
@@ -511,13 +521,24 @@ class PeagleScheduler(Scheduler):
         drafting = rules.drafting_depth(depths)
         if rules.lower_drafting:
             output.num_spec_tokens_to_schedule = drafting
-            self._off_step = self._skip and is_off_step(output, drafting, self._width)
+            # The requests that draft (and replay what they missed) in this step's drafter pass, sent to the workers
+            # when not all of them: the others leave their prompt tokens out of it. None: every request.
+            sent: frozenset[str] | None = None
+            if self._skip:
+                if drafting > 0 and depths is not self._drafting_for:
+                    self._drafting_for, self._drafting_set = depths, drafting_requests(depths)
+                sent = self._drafting_set if drafting > 0 else frozenset()
+                if self._guard is not None and sent is not None:
+                    # Blocks of prompts the drafter leaves out are evicted from the prefix cache, unless shared:
+                    # the drafter reads those, so the next request with the prefix finds them cached.
+                    shared = self._guard.settle(output, requests, sent)
+                    if shared:
+                        sent = sent | shared
+            self._off_step = self._skip and not sent and is_off_step(output, drafting, self._width)
             if self._off_step:
                 mark_off_step(output, True)
-            elif self._skip and drafting > 0:  # only requests that draft replay what they missed
-                if depths is not self._drafting_for:
-                    self._drafting_for, self._drafting_set = depths, drafting_requests(depths)
-                mark_drafting_requests(output, self._drafting_set)
+            elif sent:
+                mark_drafting_requests(output, sent)
         self._planned_width = output.num_spec_tokens_to_schedule
         if self._async:  # the runner copies each request's first len(placeholders) drafts
             assign_placeholders(requests, output, depths)
