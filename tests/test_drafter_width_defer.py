@@ -111,7 +111,9 @@ def _patched(prefix_caching: bool = False, **settings: Any) -> tuple[Runner, Any
 
     runner = Runner(prefix_caching)
     status = install(runner, DrafterWidthSettings(**settings))
-    assert status.installed and status.off_steps == ("catch_up_decode" if prefix_caching else "catch_up"), status
+    # Without the engine core's prefix-cache guard, the workers read every prompt under prefix caching.
+    unguarded = prefix_caching and not settings.get("prefix_cache_guard", True)
+    assert status.installed and status.off_steps == ("catch_up_decode" if unguarded else "catch_up"), status
     return runner, runner._peagle_drafter_width  # type: ignore[attr-defined]
 
 
@@ -151,8 +153,8 @@ def test_with_deferral_off_the_drafter_reads_every_prompt() -> None:
     assert patch.counters["deferred_prompts"] == 0
 
 
-def test_under_prefix_caching_every_prompt_is_read_and_a_width_zero_pass_replays_nothing() -> None:
-    runner, patch = _patched(prefix_caching=True)
+def test_under_prefix_caching_without_the_guard_every_prompt_is_read_and_a_width_zero_pass_replays_nothing() -> None:
+    runner, patch = _patched(prefix_caching=True, prefix_cache_guard=False)
     step = runner.step((20, 0), {"p": 1, "e": PROMPT_E}, new=("e",), drafting=frozenset({"p"}))
     assert step["ids"] == [120, *range(200, 206)] and patch.counters["deferred_prompts"] == 0
     # "p" missed positions 21.. in skipped decode steps; a step with a new prompt runs the drafter at width 0 (one
@@ -163,3 +165,17 @@ def test_under_prefix_caching_every_prompt_is_read_and_a_width_zero_pass_replays
     assert patch.sync.pending("p") and patch.counters["caught_up_requests"] == 0
     drafting = runner.step((24, PROMPT_E), {"p": 1, "e": 1})
     assert drafting["ids"][:4] == [121, 122, 123, 124]  # positions 21-23 replayed before p's query at 24
+
+
+def test_with_the_guard_a_width_zero_pass_reads_only_the_prompts_the_scheduler_names() -> None:
+    # Under prefix caching with the guard (the scheduler keeps blocks of unread prompts out of the cache), a step
+    # whose depths are all 0 skips "e"'s prompt, unless the scheduler names "e" (its prompt shares cached blocks):
+    # then the drafter runs at width 0 and reads it, while "p", not named, keeps its hole.
+    runner, patch = _patched(prefix_caching=True)
+    step = runner.step((20, 0), {"p": 1, "e": PROMPT_E}, new=("e",), drafting=frozenset({"p"}))
+    assert step["ids"] == [120, 205] and patch.counters["deferred_prompts"] == 1
+    runner, patch = _patched(prefix_caching=True)
+    patch.sync.mark_skipped("p", 20)
+    width0 = runner.step((23, 0), {"p": 1, "e": PROMPT_E}, new=("e",), width=0, drafting=frozenset({"e"}))
+    assert width0["ids"] == [123, *range(200, 206)] and width0["k"] == 0 and width0["slots"] == 1
+    assert patch.sync.pending("p") and patch.counters["caught_up_requests"] == 0
