@@ -408,9 +408,9 @@ def test_a_request_reusing_a_prompt_the_drafter_left_out_drafts_as_if_fresh(runs
         return {d: (p.num_drafts, tuple(p.accepted_per_position))
                 for d, p in run["stats"].acceptance_by_depth("later", [phase]).items()}
 
-    # Reading drafter KV that nobody wrote changed these drafts before the guard (14 drafts, accepted [11, 6, 5, 5]
-    # against 18, [13, 5, 2, 1] fresh); now "reuse" recomputes the evicted prompt, and in "pair" the prompt "later"
-    # shares with "first" in the same step is read by the drafter.
+    # Reading drafter KV that nobody wrote changes these drafts (with the eviction disabled, "reuse" drafted 15
+    # times, accepted [11, 6, 5, 4], against 18, [13, 5, 2, 1] fresh); now "reuse" recomputes the evicted prompt, and
+    # in "pair" the prompt "later" shares with "first" in the same step is read by the drafter.
     assert drafts("reuse") == drafts("fresh") == drafts("pair") != {}
 
 
