@@ -57,9 +57,7 @@ class PrefixCacheGuard:
         self._manager = kv_cache_manager
         groups = kv_cache_manager.kv_cache_config.kv_cache_groups
         self._block_sizes = tuple(int(g.kv_cache_spec.block_size) for g in groups)
-        coordinator = getattr(kv_cache_manager, "coordinator", None)
-        self._blocks_of = coordinator.get_blocks if coordinator is not None else (
-            lambda req_id: kv_cache_manager.get_blocks(req_id).blocks)
+        self._blocks_of = kv_cache_manager.coordinator.get_blocks  # per KV cache group, the request's blocks
         self._evicted: OrderedDict[Any, None] = OrderedDict()
         self._max = max(1, int(max_remembered))
         self.counters: dict[str, int] = {"cut_prompts": 0, "evicted_blocks": 0, "read_prompts": 0}
