@@ -191,7 +191,8 @@ class PluginConfig:
     drafting once every worker proved the drafter-width patch (``drafter_width``; without it parallel drafting must
     draft at its configured K, vLLM issue #45695). False: never (no off-steps either)."""
     flush_every_s: float = 5.0
-    """Write the stats file at most this often while running (and whenever the engine goes idle, and at shutdown)."""
+    """Write the stats file at most this often while running (and 0.25 s after the engine goes idle, or this if
+    shorter, from a background thread unless a step starts first; and at shutdown)."""
     max_samples_per_key: int = 512
     """Step times kept per (phase, batch size, depth) key for medians (reservoir sample beyond that)."""
     adaptive: Mapping[str, Any] | None = None

@@ -104,6 +104,7 @@ from policies.plugin.drafting import (
     wrap_draft_fetch,
 )
 from policies.plugin.factory import build_controller, check_plugin_fault
+from policies.plugin.idle_writer import IdleWriter
 from policies.plugin.labels import Labeled, RequestLabeler
 from policies.plugin.metrics import GuardedMetrics, metrics_visible
 from policies.plugin.prefix_guard import PrefixCacheGuard
@@ -113,6 +114,8 @@ __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
 
 _FETCH_CHECK_EVERY = 64
 """Off-steps between two draft fetches that check the workers still skip (`PeagleScheduler._no_drafts_to_fetch`)."""
+IDLE_WRITE_DELAY_S = 0.25
+"""The stats file is written this long after the engine went idle (`IdleWriter`; at most ``flush_every_s``)."""
 
 logger = init_logger("vllm.peagle_scheduler")
 
@@ -179,6 +182,7 @@ class PeagleScheduler(Scheduler):
         self._between_from: float | None = None  # when the last step ended, while requests were unfinished
         self._labeler = RequestLabeler()
         self._last_flush = time.monotonic()
+        self._idle_writer: IdleWriter | None = None  # writes the stats file once the engine stays idle
         self._fallback_logged = False
         self._fallback_depth: int | None = None  # trimming depth after the plugin turned itself off
         self._controller_fallbacks = 0
@@ -216,6 +220,8 @@ class PeagleScheduler(Scheduler):
         self._config = config
         self._rules = DepthRules(self._k, config.static_depth, config.class_depths, lower)
         self._stats = PluginStats(max_samples_per_key=config.max_samples_per_key)
+        if config.stats_path is not None:
+            self._idle_writer = IdleWriter(self._flush, delay_s=min(IDLE_WRITE_DELAY_S, config.flush_every_s))
         if config.mode == "plan" and config.plan is not None:
             self._plan = PlanClock(config.plan.depth_at)
         spec = self.vllm_config.speculative_config
@@ -333,6 +339,8 @@ class PeagleScheduler(Scheduler):
             self._stats = PluginStats()
         self._stats.record_error(message)
         self._metrics.call("set_fallback", True)
+        if self._idle_writer is not None:  # from now on the engine's thread writes the file (below, and at shutdown)
+            self._idle_writer.stop()
         if was_active or where == "setup":
             logger.error(
                 "PeagleScheduler disabled after an error in %s; serving continues at the static depth K=%d%s. "
@@ -387,6 +395,8 @@ class PeagleScheduler(Scheduler):
         self._off_step = False
         if self._active:
             t1 = time.perf_counter()
+            if self._idle_writer is not None:
+                self._idle_writer.busy()  # the statistics change from here on (waits for a write in progress)
             try:
                 if self._between_from is not None and self._stats is not None:
                     self._stats.observe_between_steps((t0 - self._between_from) * 1000.0, drafter_ran)
@@ -460,7 +470,10 @@ class PeagleScheduler(Scheduler):
             try:
                 self._record(observed, None if t0 is None else (t_end - t0) * 1000.0)
                 idle = self.get_num_unfinished_requests() == 0
-                if idle or time.monotonic() - self._last_flush > self._config.flush_every_s:
+                writer = self._idle_writer
+                if idle and writer is not None:  # written off this thread, unless a step starts first
+                    writer.idle()
+                elif idle or time.monotonic() - self._last_flush > self._config.flush_every_s:
                     self._flush()
                 if idle:  # the last pushes were throttled: publish the final figures of the burst now
                     self._metrics.call("push")
@@ -474,6 +487,8 @@ class PeagleScheduler(Scheduler):
 
     def shutdown(self) -> None:
         try:
+            if self._idle_writer is not None:
+                self._idle_writer.stop()
             self._flush(force=True)
             self._metrics.call("push", force=True)
         finally:

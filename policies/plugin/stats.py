@@ -499,7 +499,7 @@ class PluginStats:
     def to_json(self) -> str:
         """``json.dumps(self.to_dict())``, the same text, built incrementally: the step-time samples of a shape and
         the finished traces are serialised once and reused until they change, so writing the file while the engine
-        runs (every ``flush_every_s`` and whenever it goes idle) costs little more than the parts that changed."""
+        runs (every ``flush_every_s``, and after it goes idle) costs little more than the parts that changed."""
         data = self.to_dict(_bulk=False)
         head = json.dumps(data)
         costs = []
