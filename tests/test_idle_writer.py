@@ -78,6 +78,26 @@ def test_a_step_waits_for_a_write_in_progress_and_stop_waits_for_it_too() -> Non
     assert writer.writes == 1
 
 
+def test_the_writer_thread_does_not_keep_an_owner_that_was_dropped_alive() -> None:
+    import gc
+    import weakref
+
+    class Owner:  # a scheduler dropped without shutdown (tests build many)
+        def __init__(self) -> None:
+            self.writer = IdleWriter(self.write, delay_s=10.0)
+            self.writer.idle()  # its thread waits for the delay
+
+        def write(self) -> None:
+            pass
+
+    owner = Owner()
+    thread, gone = owner.writer._thread, weakref.ref(owner)
+    assert thread is not None and thread.is_alive()
+    del owner
+    gc.collect()
+    assert gone() is None
+
+
 def test_the_delay_must_be_a_number_of_seconds() -> None:
     with pytest.raises(ValueError, match="delay_s must be >= 0"):
         IdleWriter(lambda: None, delay_s=float("nan"))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
+import types
+import weakref
 from collections.abc import Callable
 
 
@@ -25,12 +27,16 @@ class IdleWriter:
 
     Engine thread: `busy` before a step touches the statistics, `idle` when no request is left, `stop` at shutdown
     (then write on the engine's own thread). ``write`` must not raise (the plugin's `_flush` logs its own errors).
+    A bound method is held weakly: the writer thread never keeps a scheduler that was dropped without `shutdown`
+    alive (tests build many).
     """
 
     def __init__(self, write: Callable[[], None], delay_s: float) -> None:
         if not delay_s >= 0:
             raise ValueError(f"delay_s must be >= 0, but got {delay_s!r}.")
-        self._write = write
+        self._write: Callable[[], Callable[[], None] | None] = (
+            weakref.WeakMethod(write) if isinstance(write, types.MethodType) else lambda: write
+        )
         self._delay_s = delay_s
         self._lock = threading.Lock()  # held by the engine while it runs steps, by the writer while it writes
         self._busy = False  # the engine holds the lock (engine thread only)
@@ -86,8 +92,9 @@ class IdleWriter:
             try:
                 with self._wake:
                     current = period == self._idle_periods and not self._stopped
-                if current:
-                    self._write()
+                write = self._write() if current else None
+                if write is not None:
+                    write()
                     self.writes += 1
             finally:
                 self._lock.release()
