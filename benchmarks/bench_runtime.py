@@ -245,6 +245,9 @@ def profile_drafter(args: argparse.Namespace, workload: Any, workdir: Path) -> A
     )[0]
     if not result.ok:
         raise SystemExit(f"profiling failed: {result.failure_kind}: {result.failure_reason}\n{result.log_tail}")
+    check = result.metrics_check or {}
+    if not check.get("match"):  # the plugin's statistics missed steps vLLM counted: the controller's prior is off
+        raise SystemExit(f"profiling: the plugin's counts do not match vLLM's spec-decode counters: {check}")
     return result
 
 

@@ -122,7 +122,8 @@ def _report_engine_death(result_path: Path, death: str) -> None:
 
 def _shutdown_engine() -> None:
     """Stop the engine core now (the result is written): the default shutdown waits ~5 s for the engine's worker
-    process before killing it anyway; a scheduler plugin writes its final statistics here."""
+    process before killing it anyway. The engine core is terminated, and killed at once if it lingers, so a scheduler
+    plugin's statistics must be complete before (the profiling job writes them as its last request ends)."""
     core = getattr(getattr(_state["engine"], "llm_engine", None), "engine_core", None)
     if core is None:
         return

@@ -52,13 +52,16 @@ def run_plugin_job(
     run closed-loop at its concurrency; requests carry their class and the phase name to the plugin.
     ``options`` / ``engine_options``: the launch's `autotune.engine.EngineOptions` (env, timeout_s, ignore_eos, ...;
     their engine arguments are already in ``engine_kwargs``).
-    ``plugin.stats_path`` is set to a file in the run directory. Failures come back classified (invalid_config,
-    out_of_memory, engine_died, timeout) as for the vllm backend; a plugin that fell back is a failure too.
+    ``plugin.stats_path`` is set to a file in the run directory (written in the step that leaves the engine idle).
+    Failures come back classified (invalid_config, out_of_memory, engine_died, timeout) as for the vllm backend; a
+    plugin that fell back is a failure too.
     """
     options = EngineOptions.build(options, **engine_options)
     with run_directory(log_dir, "ptune-run-") as run_dir:
         stats_path = run_dir / "plugin-stats.json"
-        config = PluginConfig.from_dict({**plugin.to_dict(), "stats_path": str(stats_path)})
+        # The job's process ends right after its last request (the harness stops the engine core at once), so the
+        # file is written in the step that ends each burst, complete when the outputs arrive.
+        config = PluginConfig.from_dict({**plugin.to_dict(), "stats_path": str(stats_path), "idle_write_delay_s": 0})
         config_path = config.save(run_dir / "plugin.json")
         job = {
             "model": model,

@@ -191,8 +191,12 @@ class PluginConfig:
     drafting once every worker proved the drafter-width patch (``drafter_width``; without it parallel drafting must
     draft at its configured K, vLLM issue #45695). False: never (no off-steps either)."""
     flush_every_s: float = 5.0
-    """Write the stats file at most this often while running (and 0.25 s after the engine goes idle, or this if
-    shorter, from a background thread unless a step starts first; and at shutdown)."""
+    """Write the stats file at most this often while running (and when the engine goes idle, and at shutdown)."""
+    idle_write_delay_s: float = 0.25
+    """When the engine goes idle, write the stats file this long after (at most ``flush_every_s``), from a background
+    thread and only if no step started meanwhile, so the outputs of the step that ended the burst are not held up
+    (`policies.plugin.idle_writer`). 0: write it in that step, before its outputs go out, so the file is complete when
+    the caller has them: for a process that ends right after its last request (the profiling job)."""
     max_samples_per_key: int = 512
     """Step times kept per (phase, batch size, depth) key for medians (reservoir sample beyond that)."""
     adaptive: Mapping[str, Any] | None = None
@@ -246,6 +250,11 @@ class PluginConfig:
             )
         if not (_number(self.flush_every_s) and self.flush_every_s > 0):
             raise PluginConfigError(f"flush_every_s must be a number of seconds > 0, but got {self.flush_every_s!r}.")
+        if not (_number(self.idle_write_delay_s) and self.idle_write_delay_s >= 0):
+            raise PluginConfigError(
+                f"idle_write_delay_s must be a number of seconds >= 0 (0: in the step), but got "
+                f"{self.idle_write_delay_s!r}."
+            )
         if isinstance(self.max_samples_per_key, bool) or not isinstance(self.max_samples_per_key, int) or (
             self.max_samples_per_key < 1
         ):

@@ -7,7 +7,8 @@ request's time, docs/benchmarks/runtime.md). `IdleWriter` writes it on a backgro
 idle for ``delay_s``: in a closed loop the next request arrives first and nothing is written; at the end of a burst the
 file is complete ``delay_s`` later (and at shutdown, which writes it on the engine's thread as before).
 
-The statistics are only ever changed by the engine's thread while it runs steps, so the two threads share one lock:
+The statistics' tables are only changed by the engine's thread while it runs steps (after the last step of a burst
+the drafts' hand-over may still add to a scalar counter, which a write reads whole), so the two threads share a lock:
 the engine holds it from the first ``schedule()`` after an idle period until it is idle again (`busy` / `idle`), and
 the writer writes only with it held (it never waits for it: a busy engine means a new idle period, and a new write, is
 coming). An engine step that starts while a write is in progress waits for it (at most one write's time).

@@ -114,8 +114,6 @@ __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
 
 _FETCH_CHECK_EVERY = 64
 """Off-steps between two draft fetches that check the workers still skip (`PeagleScheduler._no_drafts_to_fetch`)."""
-IDLE_WRITE_DELAY_S = 0.25
-"""The stats file is written this long after the engine went idle (`IdleWriter`; at most ``flush_every_s``)."""
 
 logger = init_logger("vllm.peagle_scheduler")
 
@@ -220,8 +218,8 @@ class PeagleScheduler(Scheduler):
         self._config = config
         self._rules = DepthRules(self._k, config.static_depth, config.class_depths, lower)
         self._stats = PluginStats(max_samples_per_key=config.max_samples_per_key)
-        if config.stats_path is not None:
-            self._idle_writer = IdleWriter(self._flush, delay_s=min(IDLE_WRITE_DELAY_S, config.flush_every_s))
+        if config.stats_path is not None and config.idle_write_delay_s > 0:
+            self._idle_writer = IdleWriter(self._flush, delay_s=min(config.idle_write_delay_s, config.flush_every_s))
         if config.mode == "plan" and config.plan is not None:
             self._plan = PlanClock(config.plan.depth_at)
         spec = self.vllm_config.speculative_config
