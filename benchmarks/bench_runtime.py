@@ -243,11 +243,8 @@ def profile_drafter(args: argparse.Namespace, workload: Any, workdir: Path) -> A
         log_dir=workdir / "profile",
         progress=lambda line: print(f"  [profile] {line}", flush=True),
     )[0]
-    if not result.ok:
+    if not result.ok:  # also when the plugin's counts miss vLLM's (counts_mismatch): the prior would be off
         raise SystemExit(f"profiling failed: {result.failure_kind}: {result.failure_reason}\n{result.log_tail}")
-    check = result.metrics_check or {}
-    if not check.get("match"):  # the plugin's statistics missed steps vLLM counted: the controller's prior is off
-        raise SystemExit(f"profiling: the plugin's counts do not match vLLM's spec-decode counters: {check}")
     return result
 
 

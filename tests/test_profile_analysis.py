@@ -210,3 +210,46 @@ def test_an_analysed_profile_carries_per_shape_means_stored_beside_its_median_fi
     assert record.notes["step_means"] == means  # in the notes (JSON), beside the step costs of the medians
     assert [e["step_ms"] for e in record.step_costs] == [4.0, 5.0]
     store.close()
+
+
+def test_a_launch_whose_plugin_counts_miss_vllms_is_reported_and_not_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin's statistics lost steps (what a delayed statistics write did to the profiling job on 2026-12-06):
+    acceptance and step costs fitted on them would misstate the drafter, so the profile fails and nothing is
+    stored. The engine launch is replaced by its result (such a loss cannot be provoked in a real engine on
+    demand); everything after it (analysis, the check, the store) is the real code."""
+    from autotune.engine import empty_snapshot
+    from autotune.profiling import _profile as profiling
+    from autotune.profiling._plugin_run import EngineRun
+    from store import Store
+
+    def launch(model: str, kwargs: object, phases: list[dict[str, object]], plugin: object,
+               **_: object) -> EngineRun:
+        stats = PluginStats()
+        names = sorted({str(p["name"]) for p in phases})
+        for name in names:  # the plugin saw 2 drafts per phase, 3 accepted tokens of 4
+            stats.observe_step(step_ms=5.0, prompt_tokens=0, drafting_depth=2, requests=[("code", name, 2, 2)])
+            stats.observe_step(step_ms=5.0, prompt_tokens=0, drafting_depth=2, requests=[("code", name, 2, 1)])
+        n = len(names)
+        seen = {"num_drafts": 2 * n, "num_draft_tokens": 4 * n, "num_accepted_tokens": 3 * n,
+                "accepted_per_position": [2 * n, n]}
+        vllm = {**seen, "num_drafts": 3 * n, "num_draft_tokens": 6 * n}  # vLLM counted one more draft per phase
+        raw = {"phases": [{"name": p["name"], "concurrency": p["concurrency"], "num_requests": 1,
+                           "output_tokens": 10, "wall_s": 0.1} for p in phases],
+               "spec_before": empty_snapshot(), "spec_after": vllm}
+        return EngineRun(True, raw, stats, log_tail="(engine log)", total_s=1.0)
+
+    monkeypatch.setattr(profiling, "run_plugin_job", launch)
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    workload = Workload("w", {"code": tuple(WorkloadRequest(prompt=f"p{i}") for i in range(4))})
+    drafter = str(Path(__file__).parent / "fixtures" / "models" / "drafter-1l")
+    (result,) = profile(str(Path(__file__).parent / "fixtures" / "models" / "target"), [drafter], workload,
+                        concurrencies=[1], max_k=2, store=store)
+    assert not result.ok and result.failure_kind == "counts_mismatch"
+    reason = result.failure_reason or ""
+    # Both sides' counts (one phase: the plugin 2 drafts, 3 accepted; vLLM 3 drafts), what it means, what to do.
+    assert "counted 2 drafts and 3 accepted tokens where vLLM's spec-decode counters counted 3 and 3" in reason
+    assert "not stored" in reason and "run the profile again" in reason
+    assert result.profile_id is None and store.list_profiles() == []
+    store.close()

@@ -236,10 +236,33 @@ def _profile_one(
         launches.say(f"      failed ({run.failure_kind}): {run.failure_reason}")
         return result
     _analyse(result, run.stats, run.result, sequential=not drafter.parallel_drafting)
+    mismatch = counts_mismatch(result.metrics_check)
+    if mismatch is not None:
+        result.ok, result.failure_kind, result.failure_reason = False, "counts_mismatch", mismatch
+        result.log_tail = run.log_tail
+        launches.say(f"      failed (counts_mismatch): {mismatch}")
     if return_outputs:
         result.outputs = run.result.get("outputs")
     launches.say(f"      done in {run.total_s:.0f} s (engine load {result.timings.get('load_s', 0):.0f} s)")
     return result
+
+
+def counts_mismatch(check: Mapping[str, Any] | None) -> str | None:
+    """Why a launch's profile must not be used, or None: the scheduler plugin's counters must equal vLLM's
+    ``vllm:spec_decode_*`` over the measured phases (`metrics_check`); fewer means the plugin's statistics lost steps,
+    and acceptance and step costs fitted on them would misstate the drafter.
+
+    Example: ``counts_mismatch({"match": True, ...}) is None``; with plugin 570 drafts against vLLM's 1125 it says so.
+    """
+    if check is None or check.get("match"):
+        return None
+    plugin, vllm = check.get("plugin") or {}, check.get("vllm") or {}
+    return (
+        f"the scheduler plugin counted {plugin.get('num_drafts')} drafts and {plugin.get('num_accepted_tokens')} "
+        f"accepted tokens where vLLM's spec-decode counters counted {vllm.get('num_drafts')} and "
+        f"{vllm.get('num_accepted_tokens')}, so the acceptance and step costs of this launch are incomplete and the "
+        "profile is not stored; run the profile again, and if it happens again report it with the engine log"
+    )
 
 
 def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], sequential: bool) -> None:

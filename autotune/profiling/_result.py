@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from autotune.measurement import FailureKind, Provenance
 from autotune.profiling._analysis import step_cost_entries
@@ -13,6 +13,10 @@ from policies import AcceptanceProfile, StepCostModel, StepSample
 from policies.plugin import DepthPlan
 
 _STORE_ENV_KEYS = ("device", "gpu_count", "driver", "vllm_version", "torch_version")
+
+
+ProfileFailureKind = FailureKind | Literal["counts_mismatch"]
+"""An engine failure, or ``counts_mismatch``: the launch ran but the plugin's counters miss some of vLLM's."""
 
 
 @dataclass
@@ -29,7 +33,7 @@ class ProfileResult:
     provenance: Provenance
     drafter_layers: int | None = None
     ok: bool = True
-    failure_kind: FailureKind | None = None
+    failure_kind: ProfileFailureKind | None = None
     failure_reason: str | None = None
     log_tail: str | None = None
     acceptance: dict[str, AcceptanceProfile] = field(default_factory=dict)
