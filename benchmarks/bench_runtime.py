@@ -10,8 +10,8 @@ What runs (all measured on this machine, in one run; every configuration is its 
 every configuration and slows the 2-core box down):
 
 1. a profile of the drafter (``autotune.profiling.profile``: one launch at K_max with the depth plan, plus one
-   no-speculation launch for the cost model's baseline): acceptance per class and position, and the step-cost
-   model the controller starts from;
+   no-speculation launch for the cost model's baseline, loaded side by side and taking turns phase by phase since
+   2026-12-06 21:00): acceptance per class and position, and the step-cost model the controller starts from;
 2. two workloads, each a sequence of phases run back to back in the same engine:
    - shifting: the "predictable" class alone, then the "entropic" class alone, then both mixed;
    - stationary: both classes mixed in every phase (as many requests as the shifting workload);
@@ -239,6 +239,7 @@ def profile_drafter(args: argparse.Namespace, workload: Any, workdir: Path) -> A
         method="draft_model",
         parallel_drafting=True,
         baseline=True,
+        side_by_side=True,  # both launches loaded, taking turns: their comparison does not span minutes of drift
         options=EngineOptions(dtype="float32", max_model_len=512, engine_extra={"enforce_eager": True}),
         log_dir=workdir / "profile",
         progress=lambda line: print(f"  [profile] {line}", flush=True),

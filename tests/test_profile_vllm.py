@@ -171,3 +171,37 @@ def test_acceptance_length_from_one_k_max_launch_matches_a_direct_run_at_smaller
         print(f"{'trained' if setup.trained else 'random'} {cls} K={k}: profile AL={lengths[k]:.3f}, "
               f"direct AL={measured:.3f}")
         assert lengths[k] == pytest.approx(measured, rel=0.05), cls
+
+
+def test_side_by_side_baseline_takes_turns_with_the_drafter_and_prices_no_speculation(
+    setup: Setup, workload: Workload, tmp_path: Path
+) -> None:
+    """`profile(baseline=True, side_by_side=True)`: both engines loaded at once, phase n of one never overlapping
+    the other's, in `turn_order`; the profile is complete (counts equal vLLM's) and has the baseline's steps."""
+    from autotune.profiling import profile as run_profile
+    from autotune.profiling._turns import turn_order
+
+    concurrencies = (1, 2)
+    (result,) = run_profile(
+        str(setup.target), [str(setup.drafters[-1])], workload, concurrencies=concurrencies, max_k=2,
+        method="draft_model", parallel_drafting=setup.parallel_drafting, num_prompts=4, baseline=True,
+        side_by_side=True, dtype="float32", max_model_len=320, engine_extra={"enforce_eager": True},
+        timeout_s=900.0, log_dir=tmp_path,
+    )
+    assert result.ok, f"{result.failure_kind}: {result.failure_reason}\n{result.log_tail}"
+    assert result.metrics_check is not None and result.metrics_check["match"], result.metrics_check
+    assert {s.batch_size for s in result.baseline_samples} == set(concurrencies)
+    assert all(s.depth == 0 and not s.drafted for s in result.baseline_samples)
+    # Each launch's result.json (its run directory under log_dir) says when each of its phases ran.
+    runs = {}
+    for path in tmp_path.rglob("result.json"):
+        raw = json.loads(path.read_text())
+        job = json.loads((path.parent / "job.json").read_text())
+        runs[job["turns"]["name"]] = raw["phases"]
+    assert set(runs) == {"baseline", "speculative"}
+    phases = len(runs["baseline"])
+    assert phases == len(runs["speculative"]) == 2 * len(concurrencies)  # two rounds
+    ran = [(name, n, p["started_at"], p["ended_at"]) for name, ps in runs.items() for n, p in enumerate(ps)]
+    ran.sort(key=lambda x: x[2])
+    assert [(n, name) for name, n, _, _ in ran] == turn_order(["baseline", "speculative"], phases)
+    assert all(ran[i][3] <= ran[i + 1][2] for i in range(len(ran) - 1))  # one phase at a time

@@ -39,6 +39,9 @@ from autotune.cli._common import canonical_model, console, db_option, err_consol
 @click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Seconds per launch.")
 @click.option("--baseline", is_flag=True, help="One more launch without speculation, shared by all drafters: "
               "measures T(B, 0) without a drafter so the cost model can price no-speculation.")
+@click.option("--side-by-side", is_flag=True, help="With --baseline: run the no-speculation engine beside each "
+              "drafter's, both loaded, taking turns phase by phase, so a shared machine's drift does not skew the "
+              "comparison (one baseline launch per drafter; twice the memory: small models only).")
 @click.option("--no-store", is_flag=True, help="Do not store the profiles.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON instead of tables.")
@@ -58,6 +61,7 @@ def profile(
     enforce_eager: bool,
     timeout_s: float,
     baseline: bool,
+    side_by_side: bool,
     no_store: bool,
     db_url: str | None,
     as_json: bool,
@@ -111,15 +115,17 @@ def profile(
             engine_extra={"enforce_eager": True} if enforce_eager else None,
             timeout_s=timeout_s,
             baseline=baseline,
+            side_by_side=side_by_side,
             progress=progress,
         )
-    launches = sum(r.engine_launches for r in results) + (1 if baseline else 0)
+    baselines = (len(results) if side_by_side else 1) if baseline else 0
+    launches = sum(r.engine_launches for r in results) + baselines
     if as_json:
         click.echo(json.dumps({"engine_launches": launches, "profiles": [r.to_dict() for r in results]}, indent=2))
     else:
         for r in results:
             _print_result(r)
-        extra = " (+1 no-speculation baseline)" if baseline else ""
+        extra = f" (+{baselines} no-speculation baseline{'s' if baselines > 1 else ''})" if baselines else ""
         console.print(f"Engine launches: {launches} for {len(results)} drafter(s){extra}.")
     if not all(r.ok for r in results):
         raise click.ClickException(

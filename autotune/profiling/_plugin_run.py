@@ -43,6 +43,7 @@ def run_plugin_job(
     options: EngineOptions | None = None,
     log_dir: str | Path | None = None,
     progress: Progress | None = None,
+    turns: Mapping[str, str] | None = None,
     **engine_options: Any,
 ) -> EngineRun:
     """Launch vLLM once in a subprocess with the scheduler plugin configured by ``plugin`` and run ``phases``.
@@ -54,7 +55,8 @@ def run_plugin_job(
     their engine arguments are already in ``engine_kwargs``).
     ``plugin.stats_path`` is set to a file in the run directory (written in the step that leaves the engine idle).
     Failures come back classified (invalid_config, out_of_memory, engine_died, timeout) as for the vllm backend; a
-    plugin that fell back is a failure too.
+    plugin that fell back is a failure too. ``turns``: the launch takes turns with another one, phase by phase
+    (`autotune.profiling._turns.Turns.to_job`).
     """
     options = EngineOptions.build(options, **engine_options)
     with run_directory(log_dir, "ptune-run-") as run_dir:
@@ -71,6 +73,8 @@ def run_plugin_job(
             "ignore_eos": options.ignore_eos,
             "return_outputs": return_outputs,
         }
+        if turns is not None:
+            job["turns"] = dict(turns)
         launch = run_worker(
             PROFILE_JOB, job, run_dir, options, extra_env={CONFIG_ENV: str(config_path)}, progress=progress
         )

@@ -16,7 +16,9 @@ plugin's statistics:
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +30,7 @@ from autotune.errors import BackendUnavailableError, ConfigError
 from autotune.profiling._analysis import acceptance_per_class, fit_cost_model, metrics_check, phase_totals
 from autotune.profiling._plugin_run import EngineRun, run_plugin_job
 from autotune.profiling._result import ProfileResult, store_profile
+from autotune.profiling._turns import Turns, take_turns
 from autotune.spec import MAX_K, Method, SpecConfig
 from autotune.workloads import Workload
 from policies import StepSample
@@ -62,13 +65,41 @@ class _Launches:
     log_dir: Path | None
     say: Progress
 
-    def run(self, config: SpecConfig, plugin: PluginConfig, return_outputs: bool = False) -> EngineRun:
-        """One launch serving `config` (at the largest concurrency's batch size) with the plugin in `plugin`'s mode."""
+    def run(
+        self, config: SpecConfig, plugin: PluginConfig, return_outputs: bool = False, turns: Turns | None = None
+    ) -> EngineRun:
+        """One launch serving `config` (at the largest concurrency's batch size) with the plugin in `plugin`'s mode;
+        ``turns``: taking turns with another launch, phase by phase (`side_by_side`)."""
         kwargs = self.options.llm_kwargs(config, max_num_seqs=self.max_num_seqs, defaults=_ENGINE_DEFAULTS)
+        say = self.say if turns is None else (lambda line: self.say(f"[{turns.name}] {line}"))
         return run_plugin_job(
             self.model, kwargs, self.phases, plugin, warmup=self.warmup, return_outputs=return_outputs,
-            options=self.options, log_dir=self.log_dir, progress=self.say,
+            options=self.options, log_dir=self.log_dir, progress=say,
+            turns=None if turns is None else turns.to_job(),
         )
+
+    def side_by_side(
+        self, config: SpecConfig, plugin: PluginConfig, return_outputs: bool
+    ) -> tuple[EngineRun, EngineRun]:
+        """(no speculation, `config`): both launches resident at once, taking turns phase by phase
+        (`autotune.profiling._turns`), so the two never compare steps measured minutes apart."""
+        names = ("baseline", "speculative")
+        with tempfile.TemporaryDirectory(prefix="ptune-turns-") as tmp, \
+                ThreadPoolExecutor(len(names), thread_name_prefix="ptune-launch") as pool:
+            turns = {name: Turns(Path(tmp), name) for name in names}
+            futures = {
+                "baseline": pool.submit(self.run, SpecConfig(), PluginConfig(mode="static"), False, turns["baseline"]),
+                "speculative": pool.submit(self.run, config, plugin, return_outputs, turns["speculative"]),
+            }
+            first_out = take_turns(Path(tmp), names, len(self.phases), lambda name: not futures[name].done())
+            base, spec = futures["baseline"].result(), futures["speculative"].result()
+        if first_out == "baseline" or (spec.ok and not (base.ok and base.stats is not None)):
+            # The speculative launch's steps mean nothing without the baseline's beside them: fail with its cause.
+            spec = dataclasses.replace(
+                spec, ok=False, failure_kind=base.failure_kind or "engine_died", log_tail=base.log_tail,
+                failure_reason=f"the no-speculation launch beside it failed: {base.failure_reason}",
+            )
+        return base, spec
 
 
 def _resolve_drafter(drafter: DrafterSpec | str, method: str | None, parallel: bool | None) -> _Drafter:
@@ -120,6 +151,7 @@ def profile(
     block_steps: int = 4,
     rounds: int = 2,
     baseline: bool = False,
+    side_by_side: bool = False,
     warmup_requests: int | None = None,
     return_outputs: bool = False,
     options: EngineOptions | None = None,
@@ -166,6 +198,9 @@ def profile(
         raise ConfigError(f"num_prompts must be >= 1, but got {num_prompts}.")
     if rounds < 1:
         raise ConfigError(f"rounds must be >= 1, but got {rounds}.")
+    if side_by_side and not baseline:
+        raise ConfigError("side_by_side (--side-by-side) runs the no-speculation baseline beside each drafter: "
+                          "pass baseline=True (--baseline) too.")
     say = progress or (lambda _line: None)
     resolved = [_resolve_drafter(d, method, parallel_drafting) for d in drafters]
     phases = _phase_requests(workload, concurrencies, num_prompts, rounds)
@@ -178,7 +213,7 @@ def profile(
     )
     baseline_samples: list[StepSample] = []
     baseline_means: list[StepSample] = []
-    if baseline:
+    if baseline and not side_by_side:
         say(f"[0/{len(resolved)}] launching vLLM without speculation (baseline step times)")
         baseline_samples, baseline_means = _baseline(launches)
     template = ProfileResult(
@@ -190,8 +225,9 @@ def profile(
     results = []
     for i, drafter in enumerate(resolved, start=1):
         say(f"[{i}/{len(resolved)}] launching vLLM for drafter {drafter.name} ({drafter.method}"
-            f"{', parallel drafting' if drafter.parallel_drafting else ''}, K_max={max_k})")
-        result = _profile_one(launches, drafter, template, return_outputs)
+            f"{', parallel drafting' if drafter.parallel_drafting else ''}, K_max={max_k})"
+            + (" beside one without speculation, taking turns" if side_by_side else ""))
+        result = _profile_one(launches, drafter, template, return_outputs, side_by_side)
         if result.ok and store is not None:
             result.profile_id = store_profile(store, result, workload, detect_environment())
             say(f"      stored profile #{result.profile_id}")
@@ -207,6 +243,11 @@ def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample]]:
         raise BackendUnavailableError(
             f"The no-speculation baseline launch failed ({run.failure_kind}): {run.failure_reason}\n{run.log_tail}"
         )
+    return _baseline_samples(launches, run)
+
+
+def _baseline_samples(launches: _Launches, run: EngineRun) -> tuple[list[StepSample], list[StepSample]]:
+    assert run.stats is not None
     measured = sorted({p["name"] for p in launches.phases})
     samples: list[StepSample] = run.stats.step_samples(measured)
     launches.say(f"      baseline: {len(samples)} step-time samples in {run.total_s:.0f} s")
@@ -214,7 +255,7 @@ def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample]]:
 
 
 def _profile_one(
-    launches: _Launches, drafter: _Drafter, template: ProfileResult, return_outputs: bool
+    launches: _Launches, drafter: _Drafter, template: ProfileResult, return_outputs: bool, side_by_side: bool
 ) -> ProfileResult:
     result = dataclasses.replace(
         template,
@@ -228,7 +269,13 @@ def _profile_one(
     max_k = result.max_k
     config = SpecConfig(drafter.method, drafter.name, max_k, drafter.parallel_drafting)
     assert result.plan is not None
-    run = launches.run(config, PluginConfig(mode="plan", plan=result.plan), return_outputs)
+    plugin = PluginConfig(mode="plan", plan=result.plan)
+    if side_by_side:
+        base, run = launches.side_by_side(config, plugin, return_outputs)
+        if run.ok:
+            result.baseline_samples, result.baseline_means = _baseline_samples(launches, base)
+    else:
+        run = launches.run(config, plugin, return_outputs)
     result.timings = {"total_s": run.total_s, **(run.result.get("timings") or {})}
     if not run.ok or run.stats is None:
         result.ok, result.failure_kind, result.failure_reason = False, run.failure_kind, run.failure_reason

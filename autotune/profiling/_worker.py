@@ -6,9 +6,13 @@ exactly ``concurrency`` requests in flight (a new one is added as soon as one fi
 with its workload class and phase through ``SamplingParams.extra_args`` so the plugin can split its statistics.
 
 Job keys besides the harness's (``model``, ``engine_kwargs``): ``phases`` ([{"name", "concurrency", "requests":
-[{"class", request fields...}]}]), ``warmup`` (request dicts with "class"), ``ignore_eos``, ``return_outputs``.
+[{"class", request fields...}]}]), ``warmup`` (request dicts with "class"), ``ignore_eos``, ``return_outputs``, and
+``turns`` ({"dir", "name"}, optional): the launch runs side by side with another one and takes turns with it
+(`autotune.profiling._turns`): it writes ``<name>-ready`` after the warm-up, waits for ``<name>-go-<n>`` before
+phase n and writes ``<name>-done-<n>`` after it; an ``abort`` file (the other launch failed) stops it.
 
-Result: ``"phases": [{"name", "concurrency", "num_requests", "output_tokens", "wall_s", "spec"}]``,
+Result: ``"phases": [{"name", "concurrency", "num_requests", "output_tokens", "wall_s", "started_at", "ended_at",
+"spec"}]`` (the two times: seconds since the epoch),
 ``"spec_before"``/``"spec_after"`` (vLLM's cumulative ``vllm:spec_decode_*`` counters around all measured phases;
 "spec" is the delta over one phase), ``"outputs"`` (with ``return_outputs``) and the timings ``warmup_s`` and
 ``measure_s``.
@@ -31,6 +35,7 @@ from autotune.engine import (
     spec_delta,
     worker_main,
 )
+from autotune.profiling._turns import Turns
 from policies.plugin import CLASS_KEY, PHASE_KEY
 
 WARMUP_PHASE = "warmup"
@@ -89,6 +94,9 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
     if warm:
         run_closed_loop(engine, warm, len(warm), WARMUP_PHASE)
     timings["warmup_s"] = time.perf_counter() - t
+    turns = Turns.from_job(job.get("turns"))
+    if turns is not None:
+        turns.ready()
 
     enter("measure")
     before = snapshot_from_metrics(llm.get_metrics())
@@ -97,7 +105,10 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
     for n, phase in enumerate(job["phases"]):
         name, concurrency = str(phase["name"]), int(phase["concurrency"])
         pairs = [pair(r, name) for r in phase["requests"]]
+        if turns is not None:
+            turns.wait_go(n)
         phase_before = snapshot_from_metrics(llm.get_metrics())
+        started_at = time.time()
         finished, wall = run_closed_loop(engine, pairs, concurrency, f"{name}.{n}")
         phases.append(
             {
@@ -106,9 +117,13 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
                 "num_requests": len(finished),
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in finished if o.outputs),
                 "wall_s": wall,
+                "started_at": started_at,
+                "ended_at": time.time(),
                 "spec": spec_delta(phase_before, snapshot_from_metrics(llm.get_metrics())),
             }
         )
+        if turns is not None:
+            turns.done(n)
         if job.get("return_outputs"):
             outputs.setdefault(name, []).extend(list(o.outputs[0].token_ids) for o in finished)
     after = snapshot_from_metrics(llm.get_metrics())
