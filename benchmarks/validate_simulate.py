@@ -96,6 +96,17 @@ def _step_means(root: Path, profile: Mapping[str, Any]) -> dict[str, list[dict[s
     return out
 
 
+def _prompt_steps(root: Path) -> dict[str, list[dict[str, Any]]]:
+    """The profile launches' steps with prompt tokens, per phase and whether the drafter ran (``mixed_step_costs`` of
+    each plugin-stats.json under ``root``, the warm-up left out): {"speculative": [...], "baseline": [...]}."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(root.rglob("plugin-stats.json")):
+        data = json.loads(path.read_text())
+        kind = "speculative" if (data.get("info") or {}).get("num_speculative_tokens") else "baseline"
+        out.setdefault(kind, []).extend(e for e in data.get("mixed_step_costs") or () if e.get("phase") != "warmup")
+    return out
+
+
 def _draft_fetch(root: Path) -> dict[str, Any]:
     """The mean time of the engine core's draft fetch in the profile's speculative launch(es), ms (the plugin times
     it, ``draft_fetch`` in plugin-stats.json, since 2026-12-03): {"draft_fetch_ms", "draft_fetch_n"}, or {} when no
@@ -174,6 +185,7 @@ def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
         "off_steps": _off_steps(workdir, bench["configs"]),
         "model_configs": _model_configs(profile),
         "step_means": _step_means(workdir / "profile", profile),
+        "prompt_steps": _prompt_steps(workdir / "profile"),
         **_draft_fetch(workdir / "profile"),
     }
 
@@ -278,15 +290,21 @@ def _terms(bundle: Mapping[str, Any], scale: float, profile: Mapping[str, Any] |
     model configs, else the profile's model directories), plus ``draft_fetch_ms`` per drafting step (host time
     outside the step window, not scaled: the profile's measured fetch, or --draft-fetch-ms; ``fetch_source`` says
     which)."""
-    from autotune.simulate import profile_terms
+    from autotune.simulate import profile_terms, prompt_token_costs
     from policies import StepCostModel
 
-    profile = _scaled(profile if profile is not None else bundle["profile"], scale)
+    unscaled = profile if profile is not None else bundle["profile"]
+    profile = _scaled(unscaled, scale)
     configs = bundle.get("model_configs") or _model_configs(profile)
     terms = profile_terms(profile, StepCostModel.from_dict(profile["cost_model"]), configs.get("target"),
                           configs.get("drafter"))
     # A measured difference of step times scales with them like the fit's coefficients.
     terms = replace(terms, idle_drafter_ms=terms.idle_drafter_ms * scale)
+    prompt = prompt_token_costs(bundle.get("prompt_steps") or {}, StepCostModel.from_dict(unscaled["cost_model"]))
+    if prompt is not None:  # measured step times: scaled like the fit's coefficients
+        terms = replace(terms, prompt_token_ms=prompt[0] * scale, prompt_token_source=(
+            f"measured in the profile: its no-speculation launch's steps with prompt tokens beyond the fit's decode "
+            f"step, over {prompt[1]} prompt tokens"))
     if draft_fetch_ms > 0:
         terms = replace(terms, draft_fetch_ms=draft_fetch_ms, draft_fetch_source=fetch_source)
     return terms

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.backends.model import Calibration, ModelBackend
+from autotune.errors import UsageError
 from autotune.simulate import Adaptive, FittedStepCost, RooflineStepCost, StepShape, controller_cost_model, gpu_setup
 from autotune.simulate._requests import Phase, SimRequest
 from autotune.spec import SpecConfig
@@ -88,3 +89,21 @@ def test_gpu_setup_uses_the_catalog_drafter_and_published_acceptance() -> None:
     (width,) = setup.configs(8, {"chat": 1.0, "code": 1.0}, kinds=["adaptive-width"])
     assert isinstance(width, Adaptive) and width.off_steps == "sync_pass" and not width.skips_drafter
     assert width.start().summary()["off_steps"] == "sync_pass"  # stored with each predicted row (its notes)
+
+
+def test_a_measured_prompt_price_replaces_the_fits_slope_for_prompt_tokens_only() -> None:
+    model = StepCostModel({"base": 2.0, "per_request": 0.5, "per_verified_token": 0.1, "drafter_fixed": 1.0})
+    source = FittedStepCost(model, prompt_token_ms=0.04, drafter_token_ms=0.01, idle_drafter_ms=0.3)
+    # The step above: 2 + 0.5 * 4 + 0.1 * 9 + 1 = 5.9 ms, its 20 prompt tokens at 0.04 (target) + 0.01 (the drafter
+    # reads them) = 1.0 ms.
+    assert source.step_ms(StepShape(3, 9, 2, 100.0, 20, 1)) == pytest.approx(6.9)
+    # 15 of them deferred by the running drafter (left to a replay): it reads 5.
+    assert source.step_ms(StepShape(3, 9, 2, 100.0, 20, 1, deferred_prompt_tokens=15)) == pytest.approx(6.75)
+    # Drafter skipped (off-step, prompt left to the replay): 2 + 0.5 * 4 + 0.1 * 3 + 0.04 * 20 + 0.3 = 5.4 ms.
+    skipped = StepShape(3, 3, 0, 100.0, 20, 1, drafter_idle=True, drafter_skips_prompt=True)
+    assert source.step_ms(skipped) == pytest.approx(5.4)
+    # No speculation: 2 + 0.5 * 4 + 0.1 * 3 + 0.04 * 20.
+    assert source.step_ms(StepShape(3, 3, 0, 100.0, 20, 1)) == pytest.approx(5.1)
+    assert "0.04 ms per prompt token" in source.label
+    with pytest.raises(UsageError):
+        FittedStepCost(model, prompt_token_ms=-1.0)

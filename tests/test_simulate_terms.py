@@ -31,6 +31,7 @@ from autotune.simulate import (
     profile_setup,
     profile_step_means,
     profile_terms,
+    prompt_token_costs,
     simulate,
 )
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, StepSample
@@ -525,3 +526,20 @@ def test_under_prefix_caching_the_prompt_is_read_and_only_decode_steps_are_repla
     assert run.catch_up_tokens == 2 and run.skipped_prompt_steps == 0
     assert run.duration_ms == pytest.approx(READ_PROMPT_MS + 2 * IDLE_DECODE_MS + DRAFT_DECODE_MS + 0.25 * 2
                                            + 6 * VERIFY_ONE_MS)
+
+
+def test_the_prompt_price_is_the_no_speculation_prompt_steps_time_beyond_their_decode_step() -> None:
+    fit = StepCostModel({"base": 2.0, "per_request": 0.5, "per_verified_token": 0.1})
+    steps = {"baseline": [
+        # 4 steps of one request with 100 prompt tokens: 4 * 12.6 = 50.4 ms; the decode step of batch 1 is 2.6 ms.
+        {"phase": "c1", "drafter_ran": False, "n": 4, "sum_ms": 50.4, "prompt_tokens": 400, "requests": 4},
+        # 2 steps of 3 requests (a prompt of 150 tokens each): decode step of batch 3: 3.8 ms; 2 * (3.8 + 12.0).
+        {"phase": "c4", "drafter_ran": False, "n": 2, "sum_ms": 31.6, "prompt_tokens": 300, "requests": 6},
+        {"phase": "warmup", "drafter_ran": False, "n": 9, "sum_ms": 999.0, "prompt_tokens": 9, "requests": 9},
+    ], "speculative": [
+        {"phase": "c1", "drafter_ran": True, "n": 4, "sum_ms": 999.0, "prompt_tokens": 400, "requests": 4},
+    ]}
+    # (4 * 10.0 + 2 * 12.0) ms over 700 prompt tokens.
+    assert prompt_token_costs(steps, fit) == (pytest.approx(64.0 / 700), 700)
+    assert prompt_token_costs({"speculative": steps["speculative"]}, fit) is None
+    assert prompt_token_costs({"baseline": steps["baseline"][2:]}, fit) is None  # the warm-up alone

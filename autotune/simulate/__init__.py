@@ -80,6 +80,7 @@ from autotune.simulate._terms import (
     model_config,
     profile_step_means,
     profile_terms,
+    prompt_token_costs,
 )
 
 __all__ = [
@@ -134,6 +135,7 @@ __all__ = [
     "profile_setup",
     "profile_step_means",
     "profile_terms",
+    "prompt_token_costs",
     "published_profiles",
     "run_configs",
     "simulate",

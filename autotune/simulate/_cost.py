@@ -136,14 +136,21 @@ class FittedStepCost:
       step's drafts from the workers after it (``EngineCore.post_step`` -> ``take_draft_token_ids``, one more RPC
       with a multiprocess executor; the plugin skips it after an off-step). A property of the host and executor,
       not of the fit: 0 unless measured for that host.
+    - ``prompt_token_ms`` (None: not given): the target's cost per prompt token, measured on steps with prompt
+      tokens (`autotune.simulate.prompt_token_costs`). Given, prompt tokens leave the fit's per-token slope (made of
+      decode steps, and holding the drafter's share) and cost this each, plus ``drafter_token_ms`` each that a
+      running drafter reads (not the deferred ones, nor any in a step that skips the drafter).
     """
 
     def __init__(self, model: StepCostModel, *, label: str = "fitted step-cost model", step_overhead_ms: float = 0.0,
-                 drafter_token_ms: float = 0.0, idle_drafter_ms: float = 0.0, draft_fetch_ms: float = 0.0):
+                 drafter_token_ms: float = 0.0, idle_drafter_ms: float = 0.0, draft_fetch_ms: float = 0.0,
+                 prompt_token_ms: float | None = None):
         for name, value in (("step_overhead_ms", step_overhead_ms), ("drafter_token_ms", drafter_token_ms),
-                            ("idle_drafter_ms", idle_drafter_ms), ("draft_fetch_ms", draft_fetch_ms)):
+                            ("idle_drafter_ms", idle_drafter_ms), ("draft_fetch_ms", draft_fetch_ms),
+                            ("prompt_token_ms", 0.0 if prompt_token_ms is None else prompt_token_ms)):
             if not (math.isfinite(value) and value >= 0):
                 raise UsageError(f"{name} must be a finite number >= 0, but got {value}.")
+        self.prompt_token_ms = None if prompt_token_ms is None else float(prompt_token_ms)
         self.model = model
         self.step_overhead_ms = float(step_overhead_ms)
         self.drafter_token_ms = float(drafter_token_ms)
@@ -161,25 +168,33 @@ class FittedStepCost:
             parts.append(f"{self.idle_drafter_ms:.3g} ms per skipped-drafter step")
         if self.draft_fetch_ms:
             parts.append(f"{self.draft_fetch_ms:.3g} ms draft fetch per drafting step")
+        if self.prompt_token_ms is not None:
+            parts.append(f"{self.prompt_token_ms:.3g} ms per prompt token")
         if self.step_overhead_ms:
             parts.append(f"{self.step_overhead_ms:.3g} ms/step host time")
         return " + ".join(parts)
 
     def step_ms(self, shape: StepShape) -> float:
         ran = shape.drafting_depth > 0
+        explicit = self.prompt_token_ms is not None  # prompt tokens priced apart from the fit's slope
         ms = self.model.predict_tokens(
             shape.batch_size + shape.prefill_requests,
-            shape.verified_tokens + shape.prefill_tokens,
+            shape.verified_tokens + (0 if explicit else shape.prefill_tokens),
             ran,
             shape.drafting_depth,
         )
         ms = max(ms, 1e-3) + self.step_overhead_ms
+        if explicit:
+            ms += (self.prompt_token_ms or 0.0) * shape.prefill_tokens
         if ran:
             ms += self.drafter_token_ms * shape.catch_up_tokens + self.draft_fetch_ms
-            ms -= min(self.drafter_token_ms, self._per_token) * shape.deferred_prompt_tokens
+            if explicit:
+                ms += self.drafter_token_ms * (shape.prefill_tokens - shape.deferred_prompt_tokens)
+            else:
+                ms -= min(self.drafter_token_ms, self._per_token) * shape.deferred_prompt_tokens
         elif shape.drafter_idle:
             ms += self.idle_drafter_ms
-            if shape.drafter_skips_prompt:
+            if shape.drafter_skips_prompt and not explicit:
                 ms -= min(self.drafter_token_ms, self._per_token) * shape.prefill_tokens
         return ms
 

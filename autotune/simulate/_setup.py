@@ -336,7 +336,8 @@ def profile_setup(
         terms = profile_terms(terms_record, cost_model)
     cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label} ({source})",
                           step_overhead_ms=step_overhead_ms, drafter_token_ms=terms.drafter_token_ms,
-                          idle_drafter_ms=terms.idle_drafter_ms, draft_fetch_ms=terms.draft_fetch_ms)
+                          idle_drafter_ms=terms.idle_drafter_ms, draft_fetch_ms=terms.draft_fetch_ms,
+                          prompt_token_ms=terms.prompt_token_ms)
     model_acc = AcceptanceModel(
         {c: acceptance[c] for c in classes}, max_k, autocorrelation=autocorrelation, traces=traces, seed=seed,
         source=label,

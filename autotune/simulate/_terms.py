@@ -14,6 +14,13 @@ prices a drafter-off step of a speculative engine like a no-speculation step. Tw
   token (`drafter_token_ratio`, how a compute-bound device such as a CPU prices a token): ``per_verified_token *
   r / (1 + r)``.
 
+- `prompt_token_costs`: what a prompt token costs the target, measured on the profile's no-speculation steps with
+  prompt tokens (the plugin records them apart from the decode steps the fit is made of: ``mixed_step_costs`` in its
+  statistics). A CPU computes a prompt's tokens in one large pass, cheaper per token than the decode steps the fit's
+  slope comes from (the profile of 2026-12-06 20:47: 0.103 ms against the fit's 0.137, which also holds the
+  drafter's share). Given, `FittedStepCost` prices prompt tokens with it, and the drafter's reading of them with
+  ``drafter_token_ms`` as before.
+
 And one refit: `mean_cost_model`. The profile's samples are the *median* step time per shape, but a run's duration
 is the sum of its steps, i.e. their *mean* times the count, and CPU steps have a tail (the profile's speculative
 launch at B = 1, depth 1: median 5.47 ms, mean 5.67 ms). The plugin statistics of the profile's launches record each
@@ -39,6 +46,7 @@ __all__ = [
     "idle_drafter_ms",
     "mean_cost_model",
     "model_config",
+    "prompt_token_costs",
     "profile_step_means",
     "profile_terms",
 ]
@@ -73,6 +81,30 @@ def idle_drafter_ms(step_samples: Iterable[Any], baseline_samples: Iterable[Any]
     if not weight:
         return None
     return max(excess / weight, 0.0), weight
+
+
+def prompt_token_costs(
+    prompt_steps: Mapping[str, Iterable[Mapping[str, Any]]], cost_model: StepCostModel
+) -> tuple[float, int] | None:
+    """(the target's ms per prompt token, prompt tokens it rests on), measured on the no-speculation launch's steps
+    with prompt tokens; None without such steps.
+
+    ``prompt_steps``: {"baseline": [...], ...}, each entry one phase's steps with prompt tokens as the scheduler plugin
+    sums them (``PluginStats.mixed_step_costs``: "phase", "drafter_ran", "n", "sum_ms", "prompt_tokens", "requests";
+    the warm-up is left out). The price is the entries' time beyond the fit's decode step of the same batch (every
+    request counted as verifying one token), over their prompt tokens (a ratio of sums: a phase weighs with its
+    tokens).
+    """
+    ms = 0.0
+    tokens = 0
+    for e in prompt_steps.get("baseline") or ():
+        n, prompt = int(e.get("n") or 0), int(e.get("prompt_tokens") or 0)
+        if e.get("phase") == "warmup" or n <= 0 or prompt <= 0 or e.get("drafter_ran"):
+            continue
+        b = max(int(round(float(e.get("requests") or n) / n)), 1)
+        ms += float(e["sum_ms"]) - n * cost_model.predict_tokens(b, b, False)
+        tokens += prompt
+    return (ms / tokens, tokens) if tokens and ms > 0 else None
 
 
 def profile_step_means(record: Any) -> tuple[list[StepSample], list[StepSample]] | None:
@@ -144,9 +176,14 @@ class ProfileTerms:
     draft_fetch_ms: float = 0.0
     """Host time of the drafts' fetch after a drafting step (`FittedStepCost`); not in a profile: 0 unless given."""
     draft_fetch_source: str | None = None
+    prompt_token_ms: float | None = None
+    """The target's ms per prompt token, measured (`prompt_token_costs`); None: prompt tokens at the fit's slope."""
+    prompt_token_source: str | None = None
 
     def describe(self) -> str:
         parts = []
+        if self.prompt_token_source and self.prompt_token_ms is not None:
+            parts.append(f"prompt tokens {self.prompt_token_ms:.4f} ms each ({self.prompt_token_source})")
         if self.idle_drafter_source:
             parts.append(f"skipped-drafter step +{self.idle_drafter_ms:.2f} ms ({self.idle_drafter_source})")
         if self.drafter_token_source:
