@@ -300,8 +300,11 @@ def _terms(bundle: Mapping[str, Any], scale: float, profile: Mapping[str, Any] |
                           configs.get("drafter"))
     # A measured difference of step times scales with them like the fit's coefficients.
     terms = replace(terms, idle_drafter_ms=terms.idle_drafter_ms * scale)
-    prompt = prompt_token_costs(bundle.get("prompt_steps") or {}, StepCostModel.from_dict(unscaled["cost_model"]))
-    if prompt is not None:  # measured step times: scaled like the fit's coefficients
+    # The bundle's prompt steps (collected from the launches' statistics files, so older runs have them too), priced
+    # against the unscaled fit; measured step times scale like the fit's coefficients.
+    prompt = prompt_token_costs(bundle.get("prompt_steps") or unscaled.get("prompt_steps") or {},
+                                StepCostModel.from_dict(unscaled["cost_model"]))
+    if prompt is not None:
         terms = replace(terms, prompt_token_ms=prompt[0] * scale, prompt_token_source=(
             f"measured in the profile: its no-speculation launch's steps with prompt tokens beyond the fit's decode "
             f"step, over {prompt[1]} prompt tokens"))

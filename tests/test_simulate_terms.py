@@ -543,3 +543,17 @@ def test_the_prompt_price_is_the_no_speculation_prompt_steps_time_beyond_their_d
     assert prompt_token_costs(steps, fit) == (pytest.approx(64.0 / 700), 700)
     assert prompt_token_costs({"speculative": steps["speculative"]}, fit) is None
     assert prompt_token_costs({"baseline": steps["baseline"][2:]}, fit) is None  # the warm-up alone
+
+
+def test_a_stored_profile_with_prompt_steps_prices_a_prompt_token_at_what_its_baseline_measured() -> None:
+    # The no-speculation launch's prompt steps at batch 1: 6.4 ms over the refit's decode step of batch 1
+    # (TRUTH: 3 + 0.5 + 0.25 = 3.75 ms) for 80 prompt tokens: 0.08 ms a prompt token.
+    steps = {"baseline": [{"phase": "c1", "drafter_ran": False, "n": 2, "sum_ms": 2 * (3.75 + 6.4),
+                           "prompt_tokens": 160, "requests": 2}]}
+    stored = {**_means_record(), "notes": {"prompt_steps": steps}}  # as `store_profile` keeps it
+    for record in (stored, {**_means_record(), "prompt_steps": steps}):  # and as `ProfileResult.to_dict` gives it
+        setup = profile_setup(record, {"w": one(8)})
+        assert "0.08 ms per prompt token" in setup.cost.label
+        # A lone prompt of 100 tokens without speculation: the decode step of batch 1 plus 100 x 0.08 ms.
+        assert setup.cost.step_ms(StepShape(0, 0, 0, 100.0, 100, 1)) == pytest.approx(3.5 + 8.0, rel=1e-6)
+    assert "per prompt token" not in profile_setup(_means_record(), {"w": one(8)}).cost.label

@@ -213,14 +213,15 @@ def profile(
     )
     baseline_samples: list[StepSample] = []
     baseline_means: list[StepSample] = []
+    prompt_steps: dict[str, list[dict[str, Any]]] = {}
     if baseline and not side_by_side:
         say(f"[0/{len(resolved)}] launching vLLM without speculation (baseline step times)")
-        baseline_samples, baseline_means = _baseline(launches)
+        baseline_samples, baseline_means, prompt_steps["baseline"] = _baseline(launches)
     template = ProfileResult(
         model=model_name or model, drafter="", method="", parallel_drafting=False, max_k=max_k,
         concurrencies=concurrencies, provenance=measured_provenance(), plan=DepthPlan.sweep(max_k, block_steps),
         workload_name=workload.name, workload_hash=workload.content_hash(), baseline_samples=baseline_samples,
-        baseline_means=baseline_means,
+        baseline_means=baseline_means, prompt_steps=prompt_steps,
     )
     results = []
     for i, drafter in enumerate(resolved, start=1):
@@ -235,9 +236,9 @@ def profile(
     return results
 
 
-def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample]]:
-    """Decode-step times of the target without speculation (the plugin in static mode only records them): the
-    median and the mean per shape."""
+def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample], list[dict[str, Any]]]:
+    """Step times of the target without speculation (the plugin in static mode only records them): decode steps'
+    median and mean per shape, and the steps with prompt tokens per phase."""
     run = launches.run(SpecConfig(), PluginConfig(mode="static"))
     if not run.ok or run.stats is None:
         raise BackendUnavailableError(
@@ -246,12 +247,14 @@ def _baseline(launches: _Launches) -> tuple[list[StepSample], list[StepSample]]:
     return _baseline_samples(launches, run)
 
 
-def _baseline_samples(launches: _Launches, run: EngineRun) -> tuple[list[StepSample], list[StepSample]]:
+def _baseline_samples(
+    launches: _Launches, run: EngineRun
+) -> tuple[list[StepSample], list[StepSample], list[dict[str, Any]]]:
     assert run.stats is not None
     measured = sorted({p["name"] for p in launches.phases})
     samples: list[StepSample] = run.stats.step_samples(measured)
     launches.say(f"      baseline: {len(samples)} step-time samples in {run.total_s:.0f} s")
-    return samples, run.stats.step_samples(measured, statistic="mean")
+    return samples, run.stats.step_samples(measured, statistic="mean"), run.stats.prompt_steps(measured)
 
 
 def _profile_one(
@@ -265,6 +268,7 @@ def _profile_one(
         drafter_layers=drafter.layers,
         baseline_samples=list(template.baseline_samples),
         baseline_means=list(template.baseline_means),
+        prompt_steps=dict(template.prompt_steps),
     )
     max_k = result.max_k
     config = SpecConfig(drafter.method, drafter.name, max_k, drafter.parallel_drafting)
@@ -273,7 +277,9 @@ def _profile_one(
     if side_by_side:
         base, run = launches.side_by_side(config, plugin, return_outputs)
         if run.ok:
-            result.baseline_samples, result.baseline_means = _baseline_samples(launches, base)
+            result.baseline_samples, result.baseline_means, result.prompt_steps["baseline"] = _baseline_samples(
+                launches, base
+            )
     else:
         run = launches.run(config, plugin, return_outputs)
     result.timings = {"total_s": run.total_s, **(run.result.get("timings") or {})}
@@ -317,6 +323,7 @@ def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], 
     result.acceptance = acceptance_per_class(stats, result.max_k, measured)
     result.step_samples = stats.step_samples(measured, sequential=sequential)
     result.step_means = stats.step_samples(measured, sequential=sequential, statistic="mean")
+    result.prompt_steps["speculative"] = stats.prompt_steps(measured)
     model = fit_cost_model(result.step_samples + result.baseline_samples, sequential=sequential)
     result.cost_model = model
     result.fit_error = None if model is None else model.fit_error()

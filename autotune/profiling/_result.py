@@ -64,6 +64,11 @@ class ProfileResult:
     ``step_means``: `step_means_entry`). Empty: not recorded (profiles analysed before 2026-12-03)."""
     baseline_means: list[StepSample] = field(default_factory=list)
     """``baseline_samples``' shapes at their mean step time, measured (empty without a baseline launch)."""
+    prompt_steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The launches' steps with prompt tokens, summed per phase (`policies.plugin.PluginStats.prompt_steps`):
+    {"speculative": [...], "baseline": [...]}, measured; not in ``cost_model`` (decode steps only). The simulator
+    prices a prompt token with them (`autotune.simulate.prompt_token_costs`; stored in the notes, ``prompt_steps``).
+    Empty: not recorded (profiles analysed before 2026-12-06 21:00)."""
     profile_id: int | None = None
     """Id in the store (None when not stored)."""
     outputs: dict[str, list[list[int]]] | None = None
@@ -97,6 +102,7 @@ class ProfileResult:
             "step_samples": step_cost_entries(self.step_samples),
             "baseline_samples": step_cost_entries(self.baseline_samples),
             "step_means": step_means_entry(self),
+            "prompt_steps": self.prompt_steps or None,
             "cost_model": None if self.cost_model is None else self.cost_model.to_dict(),
             "fit_error": self.fit_error,
             "metrics_check": self.metrics_check,
@@ -145,6 +151,8 @@ def store_profile(store: Any, result: ProfileResult, workload: Workload, environ
     means = step_means_entry(result)
     if means is not None:
         notes["step_means"] = means
+    if result.prompt_steps:
+        notes["prompt_steps"] = result.prompt_steps
     return int(
         store.add_profile(
             result.model,

@@ -331,7 +331,7 @@ def profile_setup(
     else:
         cost_model, source = mean_cost_model(fit, *means), "fit on per-shape means"
         terms_record = {"step_samples": means[0], "baseline_samples": means[1], "model": get("model"),
-                        "drafter": get("drafter")}
+                        "drafter": get("drafter"), "prompt_steps": get("prompt_steps"), "notes": get("notes")}
     if terms is None:
         terms = profile_terms(terms_record, cost_model)
     cost = FittedStepCost(cost_model, label=f"fitted step-cost model of {label} ({source})",

@@ -199,9 +199,15 @@ def profile_terms(
     target_config: Mapping[str, Any] | None = None,
     drafter_config: Mapping[str, Any] | None = None,
 ) -> ProfileTerms:
-    """Both terms for a profile record (dict or object with ``step_samples``, ``baseline_samples``, ``model``,
-    ``drafter``). The model configs default to the record's model and drafter when they are local directories."""
+    """The terms for a profile record (dict or object with ``step_samples``, ``baseline_samples``, ``model``,
+    ``drafter``, and ``prompt_steps`` or ``notes["prompt_steps"]`` when recorded). The model configs default to the
+    record's model and drafter when they are local directories."""
     idle = idle_drafter_ms(_get(record, "step_samples") or (), _get(record, "baseline_samples") or ())
+    steps = _get(record, "prompt_steps")
+    if steps is None:
+        notes = _get(record, "notes")
+        steps = notes.get("prompt_steps") if isinstance(notes, Mapping) else None
+    prompt = prompt_token_costs(steps, cost_model) if isinstance(steps, Mapping) else None
     target = target_config if target_config is not None else model_config(_get(record, "model"))
     drafter = drafter_config if drafter_config is not None else model_config(_get(record, "drafter"))
     out: dict[str, Any] = {}
@@ -209,6 +215,10 @@ def profile_terms(
         out["idle_drafter_ms"] = idle[0]
         out["idle_drafter_source"] = (f"measured in the profile: speculative launch's drafter-off steps minus "
                                       f"no-speculation launch's, {idle[1]} steps")
+    if prompt is not None:
+        out["prompt_token_ms"] = prompt[0]
+        out["prompt_token_source"] = (f"measured in the profile: its no-speculation launch's steps with prompt tokens "
+                                      f"beyond the fit's decode step, over {prompt[1]} prompt tokens")
     if target is not None and drafter is not None:
         ratio = drafter_token_ratio(target, drafter)
         out["drafter_token_ms"] = drafter_token_ms(cost_model, target, drafter)

@@ -372,6 +372,17 @@ class PluginStats:
                 )
         return out
 
+    def prompt_steps(self, phases: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Steps with prompt tokens summed per (phase, whether the drafter ran), as the statistics file's
+        ``mixed_step_costs`` holds them ("phase", "drafter_ran", "n", "sum_ms", "prompt_tokens", "requests"), for
+        ``phases`` (None: every phase)."""
+        wanted = None if phases is None else set(phases)
+        return [
+            {"phase": p, "drafter_ran": ran, "n": int(e[0]), "sum_ms": e[1], "prompt_tokens": int(e[2]),
+             "requests": int(e[3])}
+            for (p, ran), e in sorted(self.mixed_costs.items()) if wanted is None or p in wanted
+        ]
+
     def step_samples(
         self,
         phases: Iterable[str] | None = None,
@@ -477,11 +488,7 @@ class PluginStats:
             "overhead_ms": self.overhead_ms,
             "draft_fetch": {"n": self.draft_fetches, "sum_ms": self.draft_fetch_ms},
             "between_steps": {k: {"n": int(n), "sum_ms": ms} for k, (n, ms) in sorted(self.between_steps.items())},
-            "mixed_step_costs": [
-                {"phase": p, "drafter_ran": ran, "n": int(e[0]), "sum_ms": e[1], "prompt_tokens": int(e[2]),
-                 "requests": int(e[3])}
-                for (p, ran), e in sorted(self.mixed_costs.items())
-            ],
+            "mixed_step_costs": self.prompt_steps(),
             "totals": self.totals(),
             "depth_histogram": {str(k): v for k, v in self.depth_histogram().items()},
             "acceptance": [
