@@ -17,7 +17,7 @@ prices a drafter-off step of a speculative engine like a no-speculation step. Tw
 - `prompt_token_costs`: what a prompt token costs the target, measured on the profile's no-speculation steps with
   prompt tokens (the plugin records them apart from the decode steps the fit is made of: ``mixed_step_costs`` in its
   statistics). A CPU computes a prompt's tokens in one large pass, cheaper per token than the decode steps the fit's
-  slope comes from (the profile of 2026-12-06 20:47: 0.103 ms against the fit's 0.137, which also holds the
+  slope comes from (the profile of 2026-12-06 20:47: 0.103 ms against the fit's 0.131, which also holds the
   drafter's share). Given, `FittedStepCost` prices prompt tokens with it, and the drafter's reading of them with
   ``drafter_token_ms`` as before.
 
