@@ -31,7 +31,11 @@ no-speculation launch's), the drafter's prompt tokens and catch-up replay cost t
 r/(1+r), r the drafter/target weight ratio (from the two models' config.json), and each adaptive config adds the
 scheduler plugin's own host time per step measured in its run (``overhead_ms / steps`` of its plugin statistics);
 and the engine core's draft fetch after each drafting step at its mean in the profile's speculative launch (the plugin
-times it since 2026-12-03; older runs: 0 unless ``--draft-fetch-ms`` gives it).
+times it since 2026-12-03; older runs: 0 unless ``--draft-fetch-ms`` gives it); prompt tokens at the target's price
+measured on the profile's no-speculation steps with prompts (`autotune.simulate.prompt_token_costs`). And, with or
+without the terms, vLLM's prefix cache as the benchmark's engines have it (on, 128-token blocks on the CPU backend,
+emptied at the start of each round, the runs of a round in the bench's order: `round_caches`; each figure the mean
+of the two round orders; ``--no-prefix-cache`` leaves it out).
 The table gives, per concurrency, config and workload, measured and simulated tok/s and the error, twice: with the
 cost model as fitted, and with every step time multiplied by one scale fitted on the no-speculation config alone at
 that concurrency (the profile and the measured runs are different engine launches); the other configs are then
@@ -41,6 +45,7 @@ predictions. The issue's goal: every config within 10%.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -54,6 +59,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NO_SPEC = "no speculation"
+CPU_BLOCK_SIZE = 128
+"""vLLM's KV-cache block size on its CPU backend (``vllm/platforms/cpu.py``), the unit of its prefix cache."""
 
 
 # ================================================================================================= step 1: measure
@@ -219,10 +226,34 @@ def bundle_phases(
             requests = []
             for i, r in enumerate(reqs[:limit]):
                 n_out = len(generated[i]) if generated is not None else int(r["max_tokens"])
-                requests.append(SimRequest(index, str(r["class"]), len(str(r["prompt"]).encode()) + 1, max(n_out, 1)))
+                requests.append(SimRequest(index, str(r["class"]), len(str(r["prompt"]).encode()) + 1, max(n_out, 1),
+                                           prompt_key=_prompt_key(str(r["prompt"]))))
                 index += 1
             converted.append(Phase(f"{name}:{p}", tuple(requests)))
         out[name] = converted
+    return out
+
+
+def _prompt_key(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
+
+
+def round_caches(bundle: Mapping[str, Any]) -> dict[tuple[int, str], list[set[str]]]:
+    """Per (concurrency, workload), the prompts vLLM's prefix cache holds when that run starts, once per round order:
+    bench_runtime.py empties the cache at the start of each round, then runs the concurrencies and workloads in its
+    job's order in even rounds and in reverse in odd ones (c=1 runs the first ``c1_requests`` of each phase). The
+    measured figure is a median over rounds of both orders."""
+    concurrencies = [int(c) for c in bundle["concurrencies"]]
+    names = list(bundle["workloads"])
+    limit = bundle.get("c1_requests")
+    out: dict[tuple[int, str], list[set[str]]] = {}
+    for parity in (0, 1):
+        seen: set[str] = set()
+        for c in concurrencies if parity == 0 else concurrencies[::-1]:
+            for name in names if parity == 0 else names[::-1]:
+                out.setdefault((c, name), []).append(set(seen))
+                for phase in bundle["workloads"][name]:
+                    seen.update(_prompt_key(str(r["prompt"])) for r in phase[: limit if c == 1 else None])
     return out
 
 
@@ -327,12 +358,22 @@ def _summary(rows: Sequence[Mapping[str, Any]], key: str, what: str) -> str:
 
 
 def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
-            draft_fetch_ms: float | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+            draft_fetch_ms: float | None = None, prefix_cache_block: int | None = CPU_BLOCK_SIZE,
+            ) -> tuple[list[str], list[dict[str, Any]]]:
     """Simulated vs measured per concurrency, config and workload; (markdown lines, rows). ``terms``: price steps
     at the profile launches' per-shape means and what the fit cannot see (skipped drafter, drafter's extra tokens,
     plugin host time); False: the stored fit alone. ``draft_fetch_ms``: host time of the draft fetch per drafting
-    step (None: the bundle's ``draft_fetch_ms``, else 0; only with ``terms``)."""
-    from autotune.simulate import ProfileTerms, fit_autocorrelation, load_traces, profile_setup, simulate
+    step (None: the bundle's ``draft_fetch_ms``, else 0; only with ``terms``). ``prefix_cache_block``: simulate vLLM's
+    prefix cache with this block size, warm with the prompts run before in the round (`round_caches`; each figure
+    the mean of the two round orders); None: no prefix cache."""
+    from autotune.simulate import (
+        PrefixCache,
+        ProfileTerms,
+        fit_autocorrelation,
+        load_traces,
+        profile_setup,
+        simulate,
+    )
 
     runs = bundle["runs"]
     profile, pricing = priced_profile(bundle, means=terms)
@@ -353,6 +394,7 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
     notes: list[str] = []
     off_notes: list[str] = []  # what the drafter-width configs' off-steps did in the simulation (fit as is)
     rho = statistic = 0.0
+    caches = round_caches(bundle)
     for c in bundle["concurrencies"]:
         c = int(c)
         names = list(bundle["workloads"])
@@ -370,13 +412,19 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
                                   terms=priced, step_means=False)
             plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
             config = _sim_config(bundle["configs"][label], setup, plugin_ms, off_steps.get(label))
-            sim = simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,
-                           max_num_seqs=max(bundle["concurrencies"]), seed=seed)
+            starts: list[set[str] | None] = [None] if prefix_cache_block is None else list(caches[(c, workload)])
+            sims = [
+                simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,
+                         max_num_seqs=max(bundle["concurrencies"]), seed=seed,
+                         prefix_cache=None if keys is None else PrefixCache(prefix_cache_block or 1, set(keys)))
+                for keys in starts
+            ]
+            sim = sims[0]
             if scale == 1.0 and getattr(config, "drafter_width", False):
                 off_notes.append(f"{label} c={c} {workload}: {sim.idle_drafter_steps} of {sim.steps} steps skipped "
                                  f"the drafter ({sim.skipped_prompt_steps} with prompt tokens), "
                                  f"{sim.catch_up_tokens} tokens replayed")
-            return float(sim.tokens_per_s)
+            return statistics.mean(float(x.tokens_per_s) for x in sims)
 
         # One scale on every step time, fitted on no speculation alone (the profile's launches and the measured ones
         # are different engines: thread placement and memory layout move every step time alike). Simulated time is
@@ -452,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-fetch-ms", type=float, default=None,
                         help="host time of the engine core's draft fetch after each drafting step, ms (default: the "
                              "mean the profile's plugin statistics recorded, else 0)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="simulate without vLLM's prefix cache (the benchmark's engines run with it on)")
     parser.add_argument("--out", type=Path, default=None, help="also write the comparison (markdown) here")
     args = parser.parse_args(argv)
     if args.engine or args.runtime_workdir is not None:
@@ -460,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         args.bundle.write_text(json.dumps(bundle))
         print(f"Wrote {args.bundle} ({time.perf_counter() - started:.0f} s)", flush=True)
     bundle = json.loads(args.bundle.read_text())
-    lines, _ = compare(bundle, seed=args.seed, terms=not args.fit_only, draft_fetch_ms=args.draft_fetch_ms)
+    lines, _ = compare(bundle, seed=args.seed, terms=not args.fit_only, draft_fetch_ms=args.draft_fetch_ms,
+                       prefix_cache_block=None if args.no_prefix_cache else CPU_BLOCK_SIZE)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:

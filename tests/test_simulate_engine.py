@@ -15,6 +15,7 @@ from autotune.simulate import (
     FittedStepCost,
     NoSpeculation,
     Phase,
+    PrefixCache,
     SimRequest,
     StaticDepth,
     StepShape,
@@ -182,3 +183,27 @@ def test_bad_loads_are_usage_errors() -> None:
         simulate([phase(1)], NoSpeculation(), CONSTANT, acc)
     with pytest.raises(UsageError, match="no acceptance profile"):
         simulate([phase(1, cls="zzz")], NoSpeculation(), CONSTANT, acc, concurrency=1)
+
+
+def test_a_repeated_prompt_computes_only_what_the_prefix_cache_lacks() -> None:
+    cache = PrefixCache(16)
+    first, again, other = (SimRequest(0, "a", 40, 2, prompt_key="p"), SimRequest(1, "a", 40, 2, prompt_key="p"),
+                           SimRequest(2, "a", 40, 2))
+    assert cache.cached_tokens(again) == 0
+    cache.add(first)
+    assert cache.cached_tokens(again) == 32  # two full blocks; the third holds the last token, always computed
+    assert cache.cached_tokens(other) == 0  # no key: never cached
+    assert PrefixCache(16, {"p"}).cached_tokens(SimRequest(3, "a", 32, 2, prompt_key="p")) == 16
+    with pytest.raises(UsageError):
+        PrefixCache(0)
+    # Served one after the other without speculation: the repeat's prompt step prices 8 tokens, not 40.
+    cost = FittedStepCost(StepCostModel({"base": 1.0, "per_verified_token": 0.5}))
+    acc = AcceptanceModel({"a": AcceptanceProfile.from_survival([0.0])}, 1)
+    phases = [Phase("p", (SimRequest(0, "a", 40, 2, prompt_key="p"), SimRequest(1, "a", 40, 2, prompt_key="p")))]
+    cold = simulate(phases, NoSpeculation(), cost, acc, concurrency=1)
+    warm = simulate(phases, NoSpeculation(), cost, acc, concurrency=1, prefix_cache=PrefixCache(16))
+    assert cold.output_tokens == warm.output_tokens == 4
+    assert cold.duration_ms - warm.duration_ms == pytest.approx(0.5 * 32)
+    cache = PrefixCache(16)
+    simulate(phases, NoSpeculation(), cost, acc, concurrency=1, prefix_cache=cache)
+    assert cache.keys == {"p"}  # the caller's cache holds what the run computed

@@ -61,7 +61,7 @@ def _synthetic_bundle(validate: ModuleType) -> dict[str, Any]:
 
 def test_comparison_recovers_the_step_time_scale_and_reports_every_config() -> None:
     validate = _module("validate_simulate")
-    lines, rows = validate.compare(_synthetic_bundle(validate))
+    lines, rows = validate.compare(_synthetic_bundle(validate), prefix_cache_block=None)  # measured without one
     assert f"step-time scale fitted on no speculation alone: {SLOWER:.3f}" in "\n".join(lines)
     assert {(r["config"], r["workload"]) for r in rows} == {
         (c, w) for c in ("no speculation", "static K=2", "vLLM schedule") for w in ("shifting", "stationary")}
@@ -135,9 +135,9 @@ def test_steps_are_priced_at_the_profile_launches_means_when_the_bundle_has_them
     assert StepCostModel.from_dict(profile["cost_model"]).predict_tokens(2, 6, True, 2) == pytest.approx(
         SLOWER * COST.predict_tokens(2, 6, True, 2), rel=1e-6)
     assert "per-shape means" in note and bundle["profile"] is PROFILE  # the stored profile is left as it is
-    _, rows = validate.compare(bundle)
+    _, rows = validate.compare(bundle, prefix_cache_block=None)  # the synthetic runs were measured without one
     assert all(abs(r["error_raw"]) < 0.005 for r in rows), rows
-    _, fit_only = validate.compare(bundle, terms=False)
+    _, fit_only = validate.compare(bundle, terms=False, prefix_cache_block=None)
     assert all(r["error_raw"] == pytest.approx(SLOWER - 1.0, abs=0.005) for r in fit_only)
     assert validate.priced_profile({"profile": PROFILE})[0] == PROFILE  # no means recorded: the fit as stored
 
@@ -168,3 +168,19 @@ def test_bundle_collects_the_profile_launches_per_shape_means(tmp_path: Path) ->
     assert [(x["depth"], x["n"], x["drafter_ran"]) for x in means["speculative"]] == [(1, 4, True)]
     assert means["speculative"][0]["step_ms"] == pytest.approx(5.5)
     assert [(x["step_ms"], x["drafter_ran"]) for x in means["baseline"]] == [(pytest.approx(3.3), False)]
+
+
+def test_the_prefix_cache_holds_what_the_round_ran_before_in_either_order() -> None:
+    validate = _module("validate_simulate")
+    prompt = {n: [[{"prompt": f"{n}{p}{i}"} for i in range(3)] for p in range(2)] for n in ("shifting", "stationary")}
+    bundle = {"concurrencies": [8, 1], "workloads": prompt, "c1_requests": 1}
+    caches = validate.round_caches(bundle)
+    key = validate._prompt_key
+
+    def ran(name: str, c: int) -> set[str]:
+        return {key(r["prompt"]) for phase in prompt[name] for r in phase[: 1 if c == 1 else None]}
+
+    # Even rounds: c=8 shifting, c=8 stationary, c=1 shifting, c=1 stationary; odd rounds the reverse.
+    assert caches[(8, "shifting")] == [set(), ran("stationary", 1) | ran("shifting", 1) | ran("stationary", 8)]
+    assert caches[(1, "stationary")] == [ran("shifting", 8) | ran("stationary", 8) | ran("shifting", 1), set()]
+    assert caches[(1, "shifting")][1] == ran("stationary", 1)

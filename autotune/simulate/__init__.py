@@ -52,6 +52,7 @@ from autotune.simulate._cost import (
 )
 from autotune.simulate._engine import MAX_CATCH_UP_TOKENS, RequestRecord, SimRun, simulate
 from autotune.simulate._predict import predict
+from autotune.simulate._prefix_cache import PrefixCache
 from autotune.simulate._requests import SHAPES, Phase, SimRequest, WorkloadShape, phases_from_workload
 from autotune.simulate._result import ConfigResult, SimulationResult
 from autotune.simulate._setup import (
@@ -84,6 +85,7 @@ from autotune.simulate._terms import (
 )
 
 __all__ = [
+    "PrefixCache",
     "CONFIG_KINDS",
     "MAX_CATCH_UP_TOKENS",
     "OFF_STEP_MODES",

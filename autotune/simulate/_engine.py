@@ -53,6 +53,7 @@ from autotune.errors import UsageError
 from autotune.simulate._acceptance import AcceptanceModel, AcceptanceStream
 from autotune.simulate._configs import ServingConfig
 from autotune.simulate._cost import StepCostSource, StepShape
+from autotune.simulate._prefix_cache import PrefixCache
 from autotune.simulate._requests import Phase, SimRequest
 from policies import MAX_CATCH_UP_TOKENS, REPLAY_MODES
 
@@ -165,11 +166,14 @@ def simulate(
     seed: int = 0,
     max_steps: int = 5_000_000,
     max_catch_up_tokens: int = MAX_CATCH_UP_TOKENS,
+    prefix_cache: PrefixCache | None = None,
 ) -> SimRun:
     """Serve ``phases`` with ``config``; closed loop at ``concurrency`` or open loop at ``request_rate`` (req/s).
 
     Deterministic for a seed: the acceptance streams are seeded per request (`AcceptanceModel`), Poisson arrivals
     by ``seed``. ``max_catch_up_tokens``: per request, the most missed tokens the drafter replays (see step 5).
+    ``prefix_cache``: vLLM's prefix caching (None: off); a request admitted to the batch computes only the part of its
+    prompt the cache lacks, and its prompt joins the cache once computed (the object is updated in place).
     """
     if (concurrency is None) == (request_rate is None):
         raise UsageError("simulate needs exactly one of concurrency (closed loop) or request_rate (open loop).")
@@ -251,7 +255,10 @@ def simulate(
         if steps >= max_steps:
             raise UsageError(f"the simulation did not finish within {max_steps} steps; shorten the workload.")
         while waiting and len(running) < max_num_seqs:
-            running.append(waiting.popleft())
+            x = waiting.popleft()
+            if prefix_cache is not None:
+                x.prompt_left -= prefix_cache.cached_tokens(x.req)
+            running.append(x)
 
         decoding = [x for x in running if x.decoding]
         depths = []
@@ -353,6 +360,8 @@ def simulate(
             if skips_prompt or id(x) in deferred:
                 x.missed += chunk
             if x.prompt_left == 0:
+                if prefix_cache is not None:
+                    prefix_cache.add(x.req)
                 x.generated = 1
                 x.first_token = t
                 if x.generated >= x.req.output_tokens:

@@ -36,13 +36,15 @@ class SimRequest:
     """One request: its class, prompt length and output length (tokens).
 
     ``index``: position in the whole workload (0, 1, ...); it seeds the request's acceptance stream, so the same
-    request sees the same acceptance draws in every config (common random numbers).
+    request sees the same acceptance draws in every config (common random numbers). ``prompt_key``: the prompt's
+    identity for a `PrefixCache` (equal keys, equal prompts; None: never cached).
     """
 
     index: int
     cls: str
     prompt_tokens: int
     output_tokens: int
+    prompt_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.output_tokens < 1:
