@@ -557,3 +557,11 @@ def test_a_stored_profile_with_prompt_steps_prices_a_prompt_token_at_what_its_ba
         # A lone prompt of 100 tokens without speculation: the decode step of batch 1 plus 100 x 0.08 ms.
         assert setup.cost.step_ms(StepShape(0, 0, 0, 100.0, 100, 1)) == pytest.approx(3.5 + 8.0, rel=1e-6)
     assert "per prompt token" not in profile_setup(_means_record(), {"w": one(8)}).cost.label
+
+
+def test_malformed_prompt_steps_in_a_stored_profile_are_skipped_not_raised() -> None:
+    fit = StepCostModel({"base": 2.0, "per_request": 0.5, "per_verified_token": 0.1})
+    good = {"phase": "c1", "drafter_ran": False, "n": 4, "sum_ms": 50.4, "prompt_tokens": 400, "requests": 4}
+    junk: list[Any] = ["x", None, {"n": "many"}, {**good, "sum_ms": float("nan")}, {**good, "sum_ms": None}]
+    assert prompt_token_costs({"baseline": [*junk, good]}, fit) == (pytest.approx(0.1), 400)
+    assert prompt_token_costs({"baseline": junk}, fit) is None

@@ -1,7 +1,7 @@
 """Step-cost terms a profile's linear fit cannot see, derived from the profile itself (ms, measured or derived).
 
 The fitted `policies.StepCostModel` is made of decode-only steps with the drafter at full width or plainly off, and
-prices a drafter-off step of a speculative engine like a no-speculation step. Two terms complete it for the simulator
+prices a drafter-off step of a speculative engine like a no-speculation step. These terms complete it for the simulator
 (`FittedStepCost`):
 
 - `idle_drafter_ms`: a speculative engine's step whose drafter is skipped costs more than a plain engine's step of
@@ -32,6 +32,7 @@ analysed since 2026-12-03 keeps those means (`profile_step_means`: ``notes["step
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,11 +99,15 @@ def prompt_token_costs(
     ms = 0.0
     tokens = 0
     for e in prompt_steps.get("baseline") or ():
-        n, prompt = int(e.get("n") or 0), int(e.get("prompt_tokens") or 0)
-        if e.get("phase") == "warmup" or n <= 0 or prompt <= 0 or e.get("drafter_ran"):
+        try:  # a stored profile's notes: skip what is not a well-formed entry
+            n, prompt, sum_ms = int(e.get("n") or 0), int(e.get("prompt_tokens") or 0), float(e["sum_ms"])
+            per_step = float(e.get("requests") or n) / max(n, 1)
+        except (AttributeError, KeyError, TypeError, ValueError):
             continue
-        b = max(int(round(float(e.get("requests") or n) / n)), 1)
-        ms += float(e["sum_ms"]) - n * cost_model.predict_tokens(b, b, False)
+        if e.get("phase") == "warmup" or n <= 0 or prompt <= 0 or e.get("drafter_ran") or not math.isfinite(sum_ms):
+            continue
+        b = max(int(round(per_step)), 1) if math.isfinite(per_step) else 1
+        ms += sum_ms - n * cost_model.predict_tokens(b, b, False)
         tokens += prompt
     return (ms / tokens, tokens) if tokens and ms > 0 else None
 
