@@ -106,11 +106,13 @@ def _step_means(root: Path, profile: Mapping[str, Any]) -> dict[str, list[dict[s
 def _prompt_steps(root: Path) -> dict[str, list[dict[str, Any]]]:
     """The profile launches' steps with prompt tokens, per phase and whether the drafter ran (``mixed_step_costs`` of
     each plugin-stats.json under ``root``, the warm-up left out): {"speculative": [...], "baseline": [...]}."""
+    from policies.plugin import PluginStats
+
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(root.rglob("plugin-stats.json")):
-        data = json.loads(path.read_text())
-        kind = "speculative" if (data.get("info") or {}).get("num_speculative_tokens") else "baseline"
-        out.setdefault(kind, []).extend(e for e in data.get("mixed_step_costs") or () if e.get("phase") != "warmup")
+        stats = PluginStats.load(path)
+        kind = "speculative" if stats.info.get("num_speculative_tokens") else "baseline"
+        out.setdefault(kind, []).extend(e for e in stats.prompt_steps() if e["phase"] != "warmup")
     return out
 
 
@@ -412,12 +414,12 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
                                   terms=priced, step_means=False)
             plugin_ms = float((plugin_time.get(label) or {}).get("ms_per_step", 0.0))
             config = _sim_config(bundle["configs"][label], setup, plugin_ms, off_steps.get(label))
-            starts: list[set[str] | None] = [None] if prefix_cache_block is None else list(caches[(c, workload)])
+            starts: list[PrefixCache | None] = [None] if prefix_cache_block is None else [
+                PrefixCache(prefix_cache_block, set(keys)) for keys in caches[(c, workload)]]
             sims = [
                 simulate(phases[workload], config, setup.cost, setup.acceptance, concurrency=c,
-                         max_num_seqs=max(bundle["concurrencies"]), seed=seed,
-                         prefix_cache=None if keys is None else PrefixCache(prefix_cache_block or 1, set(keys)))
-                for keys in starts
+                         max_num_seqs=max(bundle["concurrencies"]), seed=seed, prefix_cache=cache)
+                for cache in starts
             ]
             sim = sims[0]
             if scale == 1.0 and getattr(config, "drafter_width", False):

@@ -83,7 +83,7 @@ class Turns:
 
 
 def take_turns(
-    dir: Path, names: Sequence[str], phases: int, alive: Callable[[str], bool], settle_s: float = SETTLE_S
+    turns_dir: Path, names: Sequence[str], phases: int, alive: Callable[[str], bool], settle_s: float = SETTLE_S
 ) -> str | None:
     """The parent's side: let the launches ``names`` run their phases in `turn_order`, one at a time. ``alive(name)``
     says whether that launch still runs (its process has not ended). Returns None when every turn was taken, else the
@@ -100,15 +100,15 @@ def take_turns(
     finished = False
     try:
         for name in names:
-            if ended(dir / f"{name}-ready", name):
+            if ended(turns_dir / f"{name}-ready", name):
                 return name
         for phase, name in turn_order(names, phases):
             time.sleep(settle_s)
-            (dir / f"{name}-go-{phase}").touch()
-            if ended(dir / f"{name}-done-{phase}", name):
+            (turns_dir / f"{name}-go-{phase}").touch()
+            if ended(turns_dir / f"{name}-done-{phase}", name):
                 return name
         finished = True
         return None
     finally:
         if not finished:
-            (dir / ABORT).touch()
+            (turns_dir / ABORT).touch()

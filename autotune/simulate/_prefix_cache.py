@@ -9,7 +9,6 @@ scheduler plugin's prefix-cache guard evicts (prompts the drafter left out) are 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from autotune.errors import UsageError
@@ -44,7 +43,3 @@ class PrefixCache:
         """``request``'s prompt was computed: its full blocks are cached from now on."""
         if request.prompt_key is not None:
             self.keys.add(request.prompt_key)
-
-    def update(self, requests: Iterable[SimRequest]) -> None:
-        for r in requests:
-            self.add(r)
