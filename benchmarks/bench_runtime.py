@@ -22,13 +22,16 @@ every configuration and slows the 2-core box down):
    (``num_speculative_tokens_per_batch_size``, best K per batch size predicted from the profile); the adaptive
    controller with drafter-width control off (``PluginConfig.drafter_width = {"enabled": False}``: depth applied by
    trimming drafts only, the drafter proposes K_max every step); and the adaptive controller as shipped (drafter
-   width per step and off-steps on, the default). Plus the per-phase oracle, computed, not run: in each round and
-   phase the fastest of the static configurations (no speculation included).
+   width per step and off-steps on, the default); and the idle drafter (`IDLE`: the speculative engine with the
+   plugin pinned at depth 0, every step an off-step, no exploration), the ceiling of any controller where no
+   speculation is the best static configuration, since the engine still carries the drafter. Plus the per-phase
+   oracle, computed, not run: in each round and phase the fastest of the static configurations (no speculation
+   included).
 
 Protocol: all engines are loaded first and stay up; then ``--rounds`` rounds, each running every configuration once
 (one after the other, the order rotated each round), so a slow period of the shared machine hits every
 configuration. Before its round an engine waits `SETTLE_S` and runs an untimed burst (the engine before it still
-spins for a second, and its own caches are cold). All engines are resident at once (~2.5 GiB each with the
+spins for a second, and its own caches are cold). All engines are resident at once (`ENGINE_GIB` each with the
 fixtures; the script refuses to start when ``MemAvailable`` is below that times the number of configurations).
 Figures are the median over rounds with min-max. ``uptime``'s load average is recorded before and after.
 
@@ -70,9 +73,11 @@ SETTLE_S = 1.5
 """Seconds an engine waits before its round: vLLM's shared-memory readers busy-poll for 1 s after their last read
 (``SpinCondition.busy_loop_s``), so the engine that ran before still takes a core that long."""
 NO_SPEC = "no speculation"
-ENGINE_GIB = 2.5
-"""Resident memory per loaded engine with the fixtures, GiB: worker ~1.0 GB (with `KV_CACHE_BYTES`), engine core
-~0.65 GB and the driver process ~0.65 GB (RSS, measured 2026-12-03; shared library pages counted in each)."""
+IDLE = "idle drafter (depth 0)"
+ENGINE_GIB = 2.0
+"""Memory per loaded engine with the fixtures, GiB, with a margin: ``MemAvailable`` fell by 12.3 GiB when 8 engines
+loaded (1.5 GiB each, 2026-12-06; RSS counts shared library pages in every process and overstates it: worker ~1.0
+GB with `KV_CACHE_BYTES`, engine core ~0.65 GB, driver ~0.65 GB, measured 2026-12-03)."""
 
 
 # ================================================================================================= worker side
@@ -384,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         plugin_path = plugin.save(workdir / f"adaptive-{name}-plugin.json")
         configs.append((label, job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(plugin_path)}))
         kinds[label] = {"kind": "adaptive", "policy": policy.to_dict(), "drafter_width": width is None}
+    # The speculative engine that never drafts (plugin pinned at depth 0: off-steps only, nothing explored).
+    stats_paths[IDLE] = workdir / "idle-stats.json"
+    idle_plugin = PluginConfig(mode="static", static_depth=0, stats_path=str(stats_paths[IDLE]))
+    configs.append((IDLE, job(spec(kmax), engine_kwargs()),
+                    {CONFIG_ENV: str(idle_plugin.save(workdir / "idle-plugin.json"))}))
+    kinds[IDLE] = {"kind": "idle"}
     (workdir / "profile.json").write_text(json.dumps(prof.to_dict()))
 
     # ---- load every engine, then interleave the configurations in rounds ------------------------------------
@@ -551,6 +562,18 @@ def main(argv: list[str] | None = None) -> int:
                          f"{'yes' if ent / ent0 >= 0.95 else 'NO'} |")
             oc = statistics.median(oracle[key])
             lines.append(f"| {label} / per-phase oracle, c={cc} shifting | {med(label, key) / oc:.3f}x | | |")
+            if rounds.get(IDLE):
+                idle = [statistics.median(col) for col in zip(*phase_tput[IDLE][key], strict=True)][1]
+                lines.append(f"| {label} / {IDLE}, c={cc} entropic phase | {ent / idle:.3f}x | | |")
+    if rounds.get(IDLE):  # the ceiling where no speculation is best: what carrying an idle drafter costs
+        for cc in concs:
+            key = f"c{cc}:shifting"
+            idle = [statistics.median(col) for col in zip(*phase_tput[IDLE][key], strict=True)][1]
+            ent0 = [statistics.median(col) for col in zip(*phase_tput[NO_SPEC][key], strict=True)][1]
+            lines.append(f"| {IDLE} / no speculation, c={cc} entropic phase | {idle / ent0:.3f}x | | |")
+            st = f"c{cc}:stationary"
+            lines.append(f"| {IDLE} / no speculation, c={cc} stationary | {med(IDLE, st) / med(NO_SPEC, st):.3f}x "
+                         "| | |")
     lines.append("")
     for label, path in stats_paths.items():
         if not path.is_file():

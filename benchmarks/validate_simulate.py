@@ -435,7 +435,9 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
             run(NO_SPEC, w, 1.0) / statistics.median(_measured_tps(runs[NO_SPEC], f"c{c}:{w}")) for w in phases
         )
         notes.append(f"c={c}: step-time scale fitted on no speculation alone: {scale:.3f}.")
-        for label in bundle["configs"]:
+        for label, meta in bundle["configs"].items():
+            if meta.get("kind") == "idle":  # a measured ceiling (the drafter pinned at depth 0), not simulated
+                continue
             for workload in phases:
                 measured_all = _measured_tps(runs.get(label) or [], f"c{c}:{workload}")
                 row: dict[str, Any] = {"concurrency": c, "config": label, "workload": workload, "measured": None}
