@@ -540,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("| ratio | value | target | met |")
     lines.append("|---|---:|---:|---|")
 
+    def entropic(label: str, key: str) -> float:
+        """Median over rounds of a configuration's tok/s in the shifting workload's entropic (second) phase."""
+        return statistics.median(r[1] for r in phase_tput[label][key])
+
     def best_static_of(key: str) -> str:
         return max((s for s in static_labels if rounds.get(s)), key=lambda s: med(s, key))
 
@@ -556,21 +560,18 @@ def main(argv: list[str] | None = None) -> int:
                              f"{'yes' if ratio >= goal else 'NO'} |")
         for cc in concs:
             key = f"c{cc}:shifting"
-            ent = [statistics.median(col) for col in zip(*phase_tput[label][key], strict=True)][1]
-            ent0 = [statistics.median(col) for col in zip(*phase_tput[NO_SPEC][key], strict=True)][1]
+            ent, ent0 = entropic(label, key), entropic(NO_SPEC, key)
             lines.append(f"| {label} / no speculation, c={cc} entropic phase | {ent / ent0:.3f}x | >= 0.95x | "
                          f"{'yes' if ent / ent0 >= 0.95 else 'NO'} |")
             oc = statistics.median(oracle[key])
             lines.append(f"| {label} / per-phase oracle, c={cc} shifting | {med(label, key) / oc:.3f}x | | |")
             if rounds.get(IDLE):
-                idle = [statistics.median(col) for col in zip(*phase_tput[IDLE][key], strict=True)][1]
-                lines.append(f"| {label} / {IDLE}, c={cc} entropic phase | {ent / idle:.3f}x | | |")
+                lines.append(f"| {label} / {IDLE}, c={cc} entropic phase | {ent / entropic(IDLE, key):.3f}x | | |")
     if rounds.get(IDLE):  # the ceiling where no speculation is best: what carrying an idle drafter costs
         for cc in concs:
             key = f"c{cc}:shifting"
-            idle = [statistics.median(col) for col in zip(*phase_tput[IDLE][key], strict=True)][1]
-            ent0 = [statistics.median(col) for col in zip(*phase_tput[NO_SPEC][key], strict=True)][1]
-            lines.append(f"| {IDLE} / no speculation, c={cc} entropic phase | {idle / ent0:.3f}x | | |")
+            ratio = entropic(IDLE, key) / entropic(NO_SPEC, key)
+            lines.append(f"| {IDLE} / no speculation, c={cc} entropic phase | {ratio:.3f}x | | |")
             st = f"c{cc}:stationary"
             lines.append(f"| {IDLE} / no speculation, c={cc} stationary | {med(IDLE, st) / med(NO_SPEC, st):.3f}x "
                          "| | |")
