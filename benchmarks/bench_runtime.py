@@ -75,9 +75,10 @@ SETTLE_S = 1.5
 NO_SPEC = "no speculation"
 IDLE = "idle drafter (depth 0)"
 ENGINE_GIB = 2.0
-"""Memory per loaded engine with the fixtures, GiB, with a margin: ``MemAvailable`` fell by 12.3 GiB when 8 engines
-loaded (1.5 GiB each, 2026-12-06; RSS counts shared library pages in every process and overstates it: worker ~1.0
-GB with `KV_CACHE_BYTES`, engine core ~0.65 GB, driver ~0.65 GB, measured 2026-12-03)."""
+"""Memory per loaded engine with the fixtures, GiB, with a margin: ``MemAvailable`` was 9.7 GiB with 8 engines loaded
+and 8.1 GiB with 9 (2026-12-06 runs) against 22.8 GiB on the idle machine, ~1.6 GiB each (RSS counts shared library
+pages in every process and overstates it: worker ~1.0 GB with `KV_CACHE_BYTES`, engine core ~0.65 GB, driver ~0.65
+GB, measured 2026-12-03)."""
 
 
 # ================================================================================================= worker side
