@@ -1,19 +1,23 @@
-"""Load the packaged YAML catalogs and look GPUs, target models and drafters up by name, alias or local path."""
+"""Load the packaged YAML catalogs (and user catalog files, see `_user_catalog`) and look GPUs, target models and
+drafters up by name, alias or local path."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.catalogs._acceptance_curve import fit_curve, survival
 from autotune.catalogs._drafter_catalog import build_drafter, decay_priors
+from autotune.catalogs._entries import check_drafter_entry, gpu_from_entry, model_from_entry
 from autotune.catalogs._hf_config import drafter_from_config, model_from_config, read_config
 from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec
+from autotune.catalogs._user_catalog import UserCatalog, active_catalogs
+from autotune.catalogs._user_catalog import load_user_catalog as _load_user_catalog
+from autotune.catalogs._user_catalog import use_catalog as _use_catalog
 from autotune.errors import ConfigError, PeagleError, UnknownModelError
 from policies import load_yaml_text
 
@@ -43,74 +47,81 @@ def _read_yaml(file_name: str, top_key: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _check_keys(
-    entry: dict[str, Any], cls: type, file_name: str, skip: set[str], extra: set[str] | None = None
-) -> None:
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
-    missing_default = dataclasses.MISSING
-    required = {n for n, f in fields.items() if f.default is missing_default and f.default_factory is missing_default}
-    label = entry.get("name") or entry.get("key") or "?"
-    unknown = sorted(set(entry) - set(fields) - (extra or set()))
-    missing = sorted(required - set(entry))
-    if unknown or missing:
-        raise PeagleError(
-            f"catalog {file_name} entry {label!r}: unknown keys {unknown}, missing keys {missing}; "
-            f"expected the fields of {cls.__name__}."
-        )
-    if not str(entry.get("source", "")).strip():
-        raise PeagleError(f"catalog {file_name} entry {label!r} has no source; every number needs one.")
+@functools.cache
+def _packaged_gpus() -> tuple[GPUSpec, ...]:
+    return tuple(gpu_from_entry(entry, "gpus.yaml") for entry in _read_yaml("gpus.yaml", "gpus"))
 
 
 @functools.cache
-def _gpus() -> tuple[GPUSpec, ...]:
-    out = []
-    for entry in _read_yaml("gpus.yaml", "gpus"):
-        _check_keys(entry, GPUSpec, "gpus.yaml", skip=set())
-        out.append(
-            GPUSpec(
-                key=_norm(entry["key"]),
-                display_name=str(entry["display_name"]),
-                aliases=tuple(str(a) for a in entry["aliases"]),
-                memory_gb=float(entry["memory_gb"]),
-                memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),
-                bf16_tflops=float(entry["bf16_tflops"]),
-                fp8_tflops=None if entry["fp8_tflops"] is None else float(entry["fp8_tflops"]),
-                fp4_tflops=None if entry["fp4_tflops"] is None else float(entry["fp4_tflops"]),
-                source=str(entry["source"]).strip(),
-            )
-        )
-    return tuple(out)
-
-
-@functools.cache
-def _models() -> tuple[ModelSpec, ...]:
-    out = []
-    for entry in _read_yaml("models.yaml", "models"):
-        _check_keys(entry, ModelSpec, "models.yaml", skip={"local_path"})
-        values = dict(entry)
-        values["aliases"] = tuple(str(a) for a in entry["aliases"])
-        values["source"] = str(entry["source"]).strip()
-        for key in ("total_params_b", "active_params_b", "expert_params_b", "bytes_per_param_expert",
-                    "bytes_per_param_other", "kv_bytes_per_element", "sliding_window_layer_fraction"):
-            values[key] = float(entry[key])
-        out.append(ModelSpec(**values))
-    return tuple(out)
+def _packaged_models() -> tuple[ModelSpec, ...]:
+    return tuple(model_from_entry(entry, "models.yaml") for entry in _read_yaml("models.yaml", "models"))
 
 
 @functools.cache
 def _drafter_entries() -> tuple[tuple[dict[str, Any], ...], dict[bool, float]]:
-    entries = _read_yaml("drafters.yaml", "drafters")
-    for entry in entries:
-        _check_keys(entry, DrafterSpec, "drafters.yaml", skip={"local_path", "layer_rate_factors",
-                                                               "layer_variants_source"}, extra={"layer_variants"})
+    entries = [check_drafter_entry(entry, "drafters.yaml") for entry in _read_yaml("drafters.yaml", "drafters")]
     return tuple(entries), decay_priors(entries)
 
 
 @functools.cache
-def _drafters() -> tuple[DrafterSpec, ...]:
+def _packaged_drafters() -> tuple[DrafterSpec, ...]:
     """Every drafters.yaml entry (published or not), with fitted acceptance curves (see `_drafter_catalog`)."""
     entries, priors = _drafter_entries()
     return tuple(build_drafter(entry, priors) for entry in entries)
+
+
+def _user() -> tuple[UserCatalog, ...]:
+    """The user catalogs in force (``--catalog``, PEAGLE_CATALOG), read at lookup time."""
+    return active_catalogs(_drafter_entries()[1])
+
+
+_T = TypeVar("_T")
+
+
+def _merged(user: list[_T], packaged: tuple[_T, ...], key: Callable[[_T], str]) -> tuple[_T, ...]:
+    """User entries first (the first of a name wins), then the packaged entries no user entry replaces."""
+    seen: set[str] = set()
+    out: list[_T] = []
+    for item in [*user, *packaged]:
+        if key(item) not in seen:
+            seen.add(key(item))
+            out.append(item)
+    return tuple(out)
+
+
+def _gpus() -> tuple[GPUSpec, ...]:
+    user = _user()
+    if not user:
+        return _packaged_gpus()
+    return _merged([g for c in user for g in c.gpus], _packaged_gpus(), lambda g: _norm(g.key))
+
+
+def _models() -> tuple[ModelSpec, ...]:
+    user = _user()
+    if not user:
+        return _packaged_models()
+    return _merged([m for c in user for m in c.models], _packaged_models(), lambda m: _norm(m.name))
+
+
+def _drafters() -> tuple[DrafterSpec, ...]:
+    """Every drafter (published or not): user catalogs' first, then the packaged ones they do not replace."""
+    user = _user()
+    if not user:
+        return _packaged_drafters()
+    return _merged([d for c in user for d in c.drafters], _packaged_drafters(), lambda d: _norm(d.name))
+
+
+def use_catalog(path: str | Path) -> UserCatalog:
+    """Add the user catalog file `path` (``--catalog FILE``) to every lookup in this process, after checking it
+    (ConfigError naming the file and the key). Its entries win over packaged ones of the same name. Child
+    processes see user catalogs only through the PEAGLE_CATALOG environment variable."""
+    return _use_catalog(path, _drafter_entries()[1])
+
+
+def load_user_catalog(path: str | Path) -> UserCatalog:
+    """The entries of the user catalog file `path`, checked like the packaged files, without adding them to the
+    lookups (see `use_catalog`). Raises ConfigError in one line naming the file and the key."""
+    return _load_user_catalog(path, _drafter_entries()[1])
 
 
 def position_decay_prior(parallel_drafting: bool) -> float:
@@ -224,8 +235,11 @@ def list_models() -> list[ModelSpec]:
 
 
 def _local_dir(name_or_path: str) -> Path | None:
-    path = Path(name_or_path).expanduser()
-    return path if path.is_dir() else None
+    try:
+        path = Path(name_or_path).expanduser()
+        return path if path.is_dir() else None
+    except (OSError, RuntimeError, ValueError):  # a name too long for a path, an unknown ~user, a NUL byte
+        return None
 
 
 def _looks_like_path(name: str) -> bool:

@@ -21,23 +21,46 @@ _FILE = "drafters.yaml"
 _RAW_KEYS = {"layer_variants"}
 
 
-def _fail(label: str, message: str) -> PeagleError:
-    return PeagleError(f"catalog {_FILE} entry {label!r}: {message}")
+class _Where:
+    """Which file an entry came from and the error class its problems raise (the packaged drafters.yaml: our
+    PeagleError; a user's catalog file: ConfigError)."""
+
+    def __init__(self, file_name: str = _FILE, error: type[Exception] = PeagleError) -> None:
+        self.file_name, self.error = file_name, error
+
+    def fail(self, label: str, message: str) -> Exception:
+        return self.error(f"catalog {self.file_name} entry {label!r}: {message}")
 
 
-def _points(raw: dict[str, Any], label: str, workload: str) -> dict[int, float]:
+_PACKAGED = _Where()
+
+
+def _fail(label: str, message: str, where: _Where = _PACKAGED) -> Exception:
+    return where.fail(label, message)
+
+
+def _points(raw: dict[str, Any], label: str, workload: str, where: _Where = _PACKAGED) -> dict[int, float]:
     if set(raw) - {"k", "acceptance_length", "source", "more"} or not {"k", "acceptance_length", "source"} <= set(raw):
         raise _fail(
             label,
             f"reference_acceptance[{workload!r}] must have k, acceptance_length and source (and optionally more: "
             "{K: AL}), or exactly nearest and source.",
+            where,
         )
-    points = {int(raw["k"]): float(raw["acceptance_length"])}
-    for k, al in (raw.get("more") or {}).items():
-        points[int(k)] = float(al)
+    try:
+        points = {int(raw["k"]): float(raw["acceptance_length"])}
+        more = raw.get("more") or {}
+        if not isinstance(more, dict):
+            raise TypeError("more must be a mapping")
+        for k, al in more.items():
+            points[int(k)] = float(al)
+    except (TypeError, ValueError):
+        raise _fail(label, f"reference_acceptance[{workload!r}]: k must be an integer and acceptance_length (and "
+                    "more: {K: AL}) numbers.", where) from None
     for k, al in points.items():
-        if not 1.0 <= al <= k + 1:
-            raise _fail(label, f"reference_acceptance[{workload!r}] has AL {al} at K={k}, outside [1, {k + 1}].")
+        if k < 1 or not 1.0 <= al <= k + 1:
+            raise _fail(label, f"reference_acceptance[{workload!r}] has AL {al} at K={k}, outside [1, {k + 1}] "
+                        "(K >= 1).", where)
     return points
 
 
@@ -63,8 +86,9 @@ def _style(parallel: bool) -> str:
     return "parallel (P-EAGLE)" if parallel else "sequential (EAGLE-3)"
 
 
-def _reference(raw: dict[str, Any], label: str, workload: str, prior: float, style: str) -> ReferenceAcceptance:
-    points = _points(raw, label, workload)
+def _reference(raw: dict[str, Any], label: str, workload: str, prior: float, style: str,
+               where: _Where = _PACKAGED) -> ReferenceAcceptance:
+    points = _points(raw, label, workload, where)
     rate, decay = fit_curve(points, prior)
     k = int(raw["k"])
     if len(points) >= 2:
@@ -88,27 +112,31 @@ def _reference(raw: dict[str, Any], label: str, workload: str, prior: float, sty
     )
 
 
-def references(entry: dict[str, Any], priors: dict[bool, float]) -> dict[str, ReferenceAcceptance]:
+def references(entry: dict[str, Any], priors: dict[bool, float],
+               where: _Where = _PACKAGED) -> dict[str, ReferenceAcceptance]:
     """The entry's reference_acceptance with fitted curves; ``nearest`` entries copy their sibling's curve."""
     label = str(entry.get("name", "?"))
     raw_refs = entry.get("reference_acceptance")
     if not isinstance(raw_refs, dict):
-        raise _fail(label, "reference_acceptance must be a mapping.")
+        raise _fail(label, "reference_acceptance must be a mapping.", where)
     prior = priors[bool(entry["parallel_drafting"])]
     out: dict[str, ReferenceAcceptance] = {}
     for workload, raw in raw_refs.items():
         if not isinstance(raw, dict):
-            raise _fail(label, f"reference_acceptance[{workload!r}] must be a mapping.")
+            raise _fail(label, f"reference_acceptance[{workload!r}] must be a mapping.", where)
         if "nearest" not in raw:
-            out[str(workload)] = _reference(raw, label, str(workload), prior, _style(bool(entry["parallel_drafting"])))
+            out[str(workload)] = _reference(raw, label, str(workload), prior, _style(bool(entry["parallel_drafting"])),
+                                            where)
     for workload, raw in raw_refs.items():
         if "nearest" not in raw:
             continue
         if set(raw) != {"nearest", "source"}:
-            raise _fail(label, f"reference_acceptance[{workload!r}] with nearest takes exactly nearest and source.")
+            raise _fail(label, f"reference_acceptance[{workload!r}] with nearest takes exactly nearest and source.",
+                        where)
         sibling = out.get(str(raw["nearest"]))
         if sibling is None:
-            raise _fail(label, f"reference_acceptance[{workload!r}] borrows {raw['nearest']!r}, which it lacks.")
+            raise _fail(label, f"reference_acceptance[{workload!r}] borrows {raw['nearest']!r}, which it lacks.",
+                        where)
         borrowed = ReferenceAcceptance(**sibling)
         borrowed["source"] = (
             f"NEAREST WORKLOAD: {str(raw['source']).strip()} Figures used ({raw['nearest']}): {sibling['source']}"
@@ -118,7 +146,8 @@ def references(entry: dict[str, Any], priors: dict[bool, float]) -> dict[str, Re
     return out
 
 
-def layer_factors(entry: dict[str, Any], priors: dict[bool, float]) -> tuple[dict[int, float], str]:
+def layer_factors(entry: dict[str, Any], priors: dict[bool, float],
+                  where: _Where = _PACKAGED) -> tuple[dict[int, float], str]:
     """(layer count -> conditional-rate factor, source) from the entry's layer_variants; {} when it has none."""
     raw = entry.get("layer_variants") or {}
     if not raw:
@@ -130,7 +159,8 @@ def layer_factors(entry: dict[str, Any], priors: dict[bool, float]) -> tuple[dic
     sources: list[str] = []
     for layers, spec in raw.items():
         if not isinstance(spec, dict) or set(spec) != {"k", "mean_acceptance_length", "base", "source"}:
-            raise _fail(label, f"layer_variants[{layers}] must have exactly k, mean_acceptance_length, base, source.")
+            raise _fail(label, f"layer_variants[{layers}] must have exactly k, mean_acceptance_length, base, source.",
+                        where)
         k = int(spec["k"])
         curves = [fit_curve({k: float(al)}, prior) for al in spec["base"].values()]
         factor = rate_factor_for_mean(float(spec["mean_acceptance_length"]), curves, k)
@@ -146,12 +176,21 @@ def layer_factors(entry: dict[str, Any], priors: dict[bool, float]) -> tuple[dic
     return factors, f"{'; '.join(notes)} (decay prior {prior:.3f}). {' '.join(sources)}"
 
 
-def build_drafter(entry: dict[str, Any], priors: dict[bool, float]) -> DrafterSpec:
+def build_drafter(entry: dict[str, Any], priors: dict[bool, float], file_name: str = _FILE,
+                  error: type[Exception] = PeagleError) -> DrafterSpec:
+    """The DrafterSpec of a checked entry (`_entries.check_drafter_entry`); problems in its acceptance figures
+    raise `error` naming `file_name`, the entry and the key."""
+    where = _Where(file_name, error)
     values = {k: v for k, v in entry.items() if k not in _RAW_KEYS}
     values["aliases"] = tuple(str(a) for a in entry.get("aliases", ()))
     values["source"] = str(entry["source"]).strip()
-    values["reference_acceptance"] = references(entry, priors)
-    factors, source = layer_factors(entry, priors)
+    values["reference_acceptance"] = references(entry, priors, where)
+    if entry.get("layer_variants") is not None and not isinstance(entry["layer_variants"], dict):
+        raise where.fail(str(entry.get("name", "?")), "layer_variants must be a mapping.")
+    try:
+        factors, source = layer_factors(entry, priors, where)
+    except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as exc:
+        raise where.fail(str(entry.get("name", "?")), f"layer_variants: {exc}.") from None
     values["layer_rate_factors"] = factors
     values["layer_variants_source"] = source
     return DrafterSpec(**values)
