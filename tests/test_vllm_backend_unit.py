@@ -13,7 +13,7 @@ import pytest
 
 from autotune.backends.vllm import VLLMBackend, select_requests, sum_counters, vllm_available
 from autotune.engine import MASK_TOKEN_KEYS
-from autotune.environment import detect_environment, package_version, parse_nvidia_smi
+from autotune.environment import detect_environment, package_version
 from autotune.errors import ConfigError
 from autotune.measurement import SpecCounters
 from autotune.spec import Scenario, SpecConfig
@@ -86,13 +86,6 @@ def test_select_requests_groups_by_class_and_cycles() -> None:
     # requests() interleaves classes: a1, b1, a2; four prompts wrap around to a1.
     assert select_requests(w, 4) == {"a": [a1, a2, a1], "b": [b1]}
     assert select_requests(w, 1) == {"a": [a1]}
-
-
-def test_parse_nvidia_smi_respects_visible_devices() -> None:
-    text = "0, NVIDIA H200, 570.86.15\n1, NVIDIA H200, 570.86.15\n"
-    assert [g["index"] for g in parse_nvidia_smi(text)] == ["0", "1"]
-    assert parse_nvidia_smi(text, {"1"}) == [{"index": "1", "name": "NVIDIA H200", "driver": "570.86.15"}]
-    assert parse_nvidia_smi("No devices were found\n") == []
 
 
 def test_detect_environment_reads_versions_from_metadata() -> None:
