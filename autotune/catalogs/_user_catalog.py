@@ -102,7 +102,7 @@ _parsed: dict[tuple[str, int, int, int, int], UserCatalog] = {}
 def use_catalog(path: str | Path, priors: dict[bool, float]) -> UserCatalog:
     """Check `path` now and add it to the catalogs every lookup in this process sees (``--catalog FILE``); files
     added later win over earlier ones. Subprocesses see it only through ``PEAGLE_CATALOG``."""
-    catalog = _load_cached(Path(path).expanduser(), priors)
+    catalog = _load_cached(Path(path).expanduser().absolute(), priors)
     resolved = catalog.path
     if resolved in _chosen:
         _chosen.remove(resolved)
