@@ -23,6 +23,7 @@ __all__ = [
     "MAX_K",
     "MAX_NUM_BATCHED_TOKENS",
     "MAX_NUM_SEQS",
+    "MAX_TENSOR_PARALLEL",
     "METHODS",
     "Method",
     "Scenario",
@@ -35,6 +36,8 @@ __all__ = [
 MAX_NUM_SEQS = 65_536
 #: Largest max_num_batched_tokens: 2^24, 1.6x the longest context window of any released model (10M tokens).
 MAX_NUM_BATCHED_TOKENS = 2**24
+#: Largest tensor_parallel_size: the GPUs of the largest single node sold today (NVL72 racks aside).
+MAX_TENSOR_PARALLEL = 64
 #: Most requests a scenario keeps in flight: no engine runs more than `MAX_NUM_SEQS` at once, and each request in
 #: flight is a client task with its own connection.
 MAX_CONCURRENCY = MAX_NUM_SEQS
@@ -58,6 +61,8 @@ class SpecConfig:
     """vLLM's max_num_seqs: the most requests in one engine step."""
     max_num_batched_tokens: int | None = None
     """vLLM's max_num_batched_tokens (None: vLLM's default)."""
+    tensor_parallel_size: int = 1
+    """vLLM's tensor_parallel_size: GPUs the target is split over (left out of `to_dict` at 1)."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -79,6 +84,13 @@ class SpecConfig:
                 )
         if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
             raise ConfigError(f"max_num_seqs must be in [1, {MAX_NUM_SEQS:,}], but got {self.max_num_seqs!r:.40}.")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) or not (
+            1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL
+        ):
+            raise ConfigError(
+                f"tensor_parallel_size must be an integer in [1, {MAX_TENSOR_PARALLEL}], but got "
+                f"{self.tensor_parallel_size!r:.40}."
+            )
         if self.max_num_batched_tokens is not None and not 1 <= self.max_num_batched_tokens <= MAX_NUM_BATCHED_TOKENS:
             raise ConfigError(
                 f"max_num_batched_tokens must be in [1, {MAX_NUM_BATCHED_TOKENS:,}], but got "
@@ -96,11 +108,12 @@ class SpecConfig:
     def label(self, *, layers: bool = True) -> str:
         """Short human label, e.g. ``eagle3+pd K=5 (4L) seqs=64`` (without the drafter's layer count when `layers` is
         False, e.g. in narrow table cells). The one way configs are named to people; see also `config_label`."""
+        tp = f" tp={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         if not self.speculative:
-            return f"no-spec seqs={self.max_num_seqs}"
+            return f"no-spec seqs={self.max_num_seqs}{tp}"
         pd = "+pd" if self.parallel_drafting else ""
         depth = f" ({self.drafter_layers}L)" if layers and self.drafter_layers else ""
-        return f"{self.method}{pd} K={self.k}{depth} seqs={self.max_num_seqs}"
+        return f"{self.method}{pd} K={self.k}{depth} seqs={self.max_num_seqs}{tp}"
 
     def speculative_config(self) -> dict[str, Any] | None:
         """The dict vLLM takes as ``--speculative-config`` or ``LLM(speculative_config=...)``; None: no speculation."""
@@ -116,7 +129,10 @@ class SpecConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.tensor_parallel_size == 1:  # stored configs and study keys of one-GPU runs stay as they were
+            del out["tensor_parallel_size"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpecConfig:

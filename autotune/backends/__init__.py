@@ -6,7 +6,8 @@ Importing them is cheap: vLLM and torch are imported only inside the engine subp
 from __future__ import annotations
 
 from autotune.backends.base import Backend
+from autotune.backends.in_launch import InLaunchBackend
 from autotune.backends.model import ModelBackend
 from autotune.backends.vllm import VLLMBackend, vllm_available
 
-__all__ = ["Backend", "ModelBackend", "VLLMBackend", "vllm_available"]
+__all__ = ["Backend", "InLaunchBackend", "ModelBackend", "VLLMBackend", "vllm_available"]

@@ -42,6 +42,17 @@ class Backend(abc.ABC):
         """The target model an engine of this backend loads (a local directory or hub id); None: it loads none."""
         return None
 
+    @property
+    def engine_launches(self) -> int | None:
+        """Engine launches this backend has made so far, when a measurement is not always one launch (a backend
+        that measures many configs in one launch); None: every measurement of a launching backend is one launch."""
+        return None
+
+    def confirm(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement | None:
+        """A fresh measurement of the config a search recommends, when this backend's figure of it came from an
+        engine not set up exactly as that config would be (in-launch measurements); None: the figure stands."""
+        return None
+
     def figure_inputs(self) -> str:
         """What a predicting backend's figures depend on besides the config and workload (constants, calibration,
         profiles), as text. Part of a study's fingerprint, so a refit or a new profile starts a new study instead of

@@ -24,7 +24,6 @@ from autotune.engine import (
     MASK_TOKEN_KEYS,
     OFFLINE_JOB,
     EngineOptions,
-    LaunchResult,
     add_positions,
     looks_local,
     mask_token,
@@ -130,7 +129,10 @@ class VLLMBackend(Backend):
         installed (every trial would fail the same way).
         """
         require_vllm("The vllm backend", ", or use the model backend (--backend model)")
-        provenance = measured_provenance()
+        provenance = measured_provenance(
+            self.options.llm_kwargs(config, speculative_extra=self.speculative_extra, engine_paths=False),
+            self.options.process_env(),
+        )
 
         def fail(kind: FailureKind, reason: str, log: str | None = None) -> Measurement:
             return Measurement.failed(config, scenario, provenance, kind, reason, log)
@@ -186,24 +188,27 @@ class VLLMBackend(Backend):
             m = fail(*failure, launch.log_tail)
             m.extra.update(extra)
             return m
-        return self._measurement(config, scenario, provenance, launch, extra)
+        return self.measurement(config, scenario, provenance, launch.raw, extra)
 
-    def _measurement(
+    def measurement(
         self,
         config: SpecConfig,
         scenario: Scenario,
         provenance: Provenance,
-        launch: LaunchResult,
+        raw: Mapping[str, Any],
         extra: dict[str, Any],
     ) -> Measurement:
-        per_class: Mapping[str, Any] = launch.raw["classes"]
+        """The `Measurement` of an engine's report ``raw`` (``{"classes": {class: {"wall_s", "num_requests",
+        "output_tokens", "ttft_ms", "tpot_ms", "spec", "outputs"?}}, "timings"?}``, as the offline job writes it):
+        output tokens/s over the classes' summed wall time, latency percentiles, spec counters per class."""
+        per_class: Mapping[str, Any] = raw["classes"]
         tokens = sum(int(c["output_tokens"]) for c in per_class.values())
         wall = sum(float(c["wall_s"]) for c in per_class.values())
         ttft = [x for c in per_class.values() for x in c["ttft_ms"]]
         tpot = [x for c in per_class.values() for x in c["tpot_ms"]]
         extra.update(
             {
-                "timings": launch.raw.get("timings", {}),
+                "timings": raw.get("timings", {}),
                 "num_requests": sum(int(c["num_requests"]) for c in per_class.values()),
                 "output_tokens": tokens,
                 "per_class": {name: _latency_summary(c) for name, c in per_class.items()},

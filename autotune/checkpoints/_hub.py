@@ -25,6 +25,7 @@ def hub() -> ModuleType:
     """huggingface_hub, or CheckpointError saying how to get it (vLLM depends on it; peagle-tune alone does not)."""
     try:
         import huggingface_hub
+        import huggingface_hub.constants  # a submodule the package does not import by itself
     except ImportError:
         raise CheckpointError(
             "resolving Hugging Face repo ids needs huggingface_hub, which is not installed: "

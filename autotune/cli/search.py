@@ -98,6 +98,8 @@ if TYPE_CHECKING:
 @click.option("--heartbeat", type=int, default=60, show_default=True, metavar="SECONDS",
               help="Heartbeat of running trials; a worker silent for twice this has its trial failed and re-queued.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fresh-launches", is_flag=True,
+              help="vllm backend: launch an engine per config instead of one per drafter that measures every K.")
 @click.option("--wide", is_flag=True, help="Wider tables: full drafter ids, p99s, trial counts, engine launches.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON on stdout (notes on stderr; no progress display).")
@@ -127,6 +129,7 @@ def search(
     storage: str | None,
     heartbeat: int,
     seed: int,
+    fresh_launches: bool,
     wide: bool,
     as_json: bool,
     db_url: str | None,
@@ -183,6 +186,7 @@ def search(
         storage=storage,
         heartbeat=heartbeat,
         seed=seed,
+        fresh_launches=fresh_launches,
     )
     store = open_store(db_url, writes=True)
     out = err_console if as_json else console
@@ -381,9 +385,10 @@ def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
         },
         "engine_launches": {
             "profiling": r.profile_launches if launches_engines else 0,
-            "trials": r.n_measurements if launches_engines else 0,
+            "trials": r.engine_launches - r.profile_launches if launches_engines else 0,
             "total": r.engine_launches if launches_engines else 0,
         },
+        "confirmation": r.confirmation,
         "strategy_report": r.strategy_report,
     }
 

@@ -133,6 +133,17 @@ def _shutdown_engine() -> None:
         traceback.print_exc()
 
 
+def request_latencies(output: Any) -> tuple[float | None, float | None]:
+    """(TTFT ms, TPOT ms) of one finished request from its RequestStateStats; None when not available."""
+    stats = getattr(output, "metrics", None)
+    if stats is None or not getattr(stats, "first_token_ts", 0.0):
+        return None, None
+    ttft = (stats.first_token_ts - stats.scheduled_ts) * 1000.0 if stats.scheduled_ts else None
+    n = len(output.outputs[0].token_ids) if output.outputs else 0
+    tpot = (stats.last_token_ts - stats.first_token_ts) * 1000.0 / (n - 1) if n >= 2 else None
+    return ttft, tpot
+
+
 def worker_main(
     prog: str, argv: list[str], run_job: Callable[[Mapping[str, Any], EngineSession], dict[str, Any]]
 ) -> int:

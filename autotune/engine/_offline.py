@@ -21,20 +21,9 @@ from typing import Any
 
 from autotune.engine._constants import WARMUP_MAX_TOKENS
 from autotune.engine._counters import snapshot_from_metrics, spec_delta
-from autotune.engine._harness import EngineSession, enter, request_from_dict, worker_main
+from autotune.engine._harness import EngineSession, enter, request_from_dict, request_latencies, worker_main
 from autotune.engine._watchdog import raise_if_aborted
 from autotune.workloads import WorkloadRequest
-
-
-def _request_latencies(output: Any) -> tuple[float | None, float | None]:
-    """(TTFT ms, TPOT ms) of one finished request from its RequestStateStats; None when not available."""
-    stats = getattr(output, "metrics", None)
-    if stats is None or not getattr(stats, "first_token_ts", 0.0):
-        return None, None
-    ttft = (stats.first_token_ts - stats.scheduled_ts) * 1000.0 if stats.scheduled_ts else None
-    n = len(output.outputs[0].token_ids) if output.outputs else 0
-    tpot = (stats.last_token_ts - stats.first_token_ts) * 1000.0 / (n - 1) if n >= 2 else None
-    return ttft, tpot
 
 
 def measure_classes(job: Mapping[str, Any], session: EngineSession) -> dict[str, Any]:
@@ -70,7 +59,7 @@ def measure_classes(job: Mapping[str, Any], session: EngineSession) -> dict[str,
         wall = time.perf_counter() - t
         raise_if_aborted(llm, outs, f"class {name!r}")  # an engine stopped under them returns them cut short
         after = snapshot_from_metrics(llm.get_metrics())
-        lat = [_request_latencies(o) for o in outs]
+        lat = [request_latencies(o) for o in outs]
         entry: dict[str, Any] = {
             "wall_s": wall,
             "num_requests": len(outs),

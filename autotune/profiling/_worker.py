@@ -6,13 +6,17 @@ exactly ``concurrency`` requests in flight (a new one is added as soon as one fi
 with its workload class and phase through ``SamplingParams.extra_args`` so the plugin can split its statistics.
 
 Job keys besides the harness's (``model``, ``engine_kwargs``): ``phases`` ([{"name", "concurrency", "requests":
-[{"class", request fields...}]}]), ``warmup`` (request dicts with "class"), ``ignore_eos``, ``return_outputs``, and
+[{"class", request fields...}], "max_k"?, "reset_prefix_cache"?}]: ``max_k`` pins the phase's verified depth through
+each request's ``peagle_max_k`` label, the cap a client may set too; ``reset_prefix_cache`` empties vLLM's prefix
+cache before the phase, so a phase prefills its prompts as a fresh engine would), ``warmup`` (request dicts with
+"class"), ``ignore_eos``, ``return_outputs``, and
 ``turns`` ({"dir", "name"}, optional): the launch runs side by side with another one and takes turns with it
 (`autotune.profiling._turns`): it writes ``<name>-ready`` after the warm-up, waits for ``<name>-go-<n>`` before
 phase n and writes ``<name>-done-<n>`` after it; an ``abort`` file (the other launch failed) stops it.
 
 Result: ``"phases": [{"name", "concurrency", "num_requests", "output_tokens", "wall_s", "started_at", "ended_at",
-"spec"}]`` (the two times: seconds since the epoch),
+"spec", "ttft_ms", "tpot_ms"}]`` (the two times: seconds since the epoch; per-request latencies as the offline job
+measures them, `autotune.engine.request_latencies`),
 ``"spec_before"``/``"spec_after"`` (vLLM's cumulative ``vllm:spec_decode_*`` counters around all measured phases;
 "spec" is the delta over one phase), ``"outputs"`` (with ``return_outputs``) and the timings ``warmup_s`` and
 ``measure_s``.
@@ -31,11 +35,13 @@ from autotune.engine import (
     EngineSession,
     enter,
     request_from_dict,
+    request_latencies,
     snapshot_from_metrics,
     spec_delta,
     worker_main,
 )
 from autotune.profiling._turns import Turns
+from policies import MAX_K_KEY
 from policies.plugin import CLASS_KEY, PHASE_KEY
 
 WARMUP_PHASE = "warmup"
@@ -78,13 +84,18 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
     engine = llm.llm_engine
     ignore_eos = bool(job.get("ignore_eos", False))
 
-    def pair(r: Mapping[str, Any], phase: str, max_tokens: int | None = None) -> tuple[str, Any]:
+    def pair(
+        r: Mapping[str, Any], phase: str, max_tokens: int | None = None, max_k: int | None = None
+    ) -> tuple[str, Any]:
         request = request_from_dict(r)
+        labels: dict[str, Any] = {CLASS_KEY: r["class"], PHASE_KEY: phase}
+        if max_k is not None:
+            labels[MAX_K_KEY] = max_k
         params = SamplingParams(
             temperature=request.temperature,
             max_tokens=min(request.max_tokens, max_tokens or request.max_tokens),
             ignore_eos=ignore_eos,
-            extra_args={CLASS_KEY: r["class"], PHASE_KEY: phase},
+            extra_args=labels,
         )
         return session.prompt(request), params
 
@@ -104,12 +115,16 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
     outputs: dict[str, Any] = {}
     for n, phase in enumerate(job["phases"]):
         name, concurrency = str(phase["name"]), int(phase["concurrency"])
-        pairs = [pair(r, name) for r in phase["requests"]]
+        max_k = None if phase.get("max_k") is None else int(phase["max_k"])
+        pairs = [pair(r, name, max_k=max_k) for r in phase["requests"]]
         if turns is not None:
             turns.wait_go(n)
+        if phase.get("reset_prefix_cache"):
+            llm.reset_prefix_cache()
         phase_before = snapshot_from_metrics(llm.get_metrics())
         started_at = time.time()
         finished, wall = run_closed_loop(engine, pairs, concurrency, f"{name}.{n}")
+        latencies = [request_latencies(o) for o in finished]
         phases.append(
             {
                 "name": name,
@@ -120,6 +135,8 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
                 "started_at": started_at,
                 "ended_at": time.time(),
                 "spec": spec_delta(phase_before, snapshot_from_metrics(llm.get_metrics())),
+                "ttft_ms": [x for x, _ in latencies if x is not None],
+                "tpot_ms": [y for _, y in latencies if y is not None],
             }
         )
         if turns is not None:

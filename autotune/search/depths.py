@@ -25,7 +25,10 @@ def goodput(measure: Measure, config: SpecConfig, workload: Workload) -> Callabl
 
     def value(b: int, k: int) -> float:
         c = config.with_(max_num_seqs=max(b, 1))
-        c = c.with_(num_speculative_tokens=k) if k else SpecConfig(max_num_seqs=c.max_num_seqs)
+        if k:
+            c = c.with_(num_speculative_tokens=k)
+        else:
+            c = SpecConfig(max_num_seqs=c.max_num_seqs, tensor_parallel_size=c.tensor_parallel_size)
         m = measure(c, workload, Scenario(concurrency=b))
         return float(m.output_tokens_per_s or 0.0) if m.ok else 0.0
 

@@ -79,6 +79,13 @@ class ScenarioResult:
     profile_launches: int = 0
     """Engine launches the strategy spent outside the trials for this scenario (model-guided: profiling; a profile
     shared by several scenarios is counted for the first)."""
+    launches: int | None = None
+    """Engine launches this worker's measurements of the scenario made, from a backend that counts them (in-launch
+    measurement: a drafter's launch serves every config and scenario, counted for the first); None: one launch per
+    measurement (`n_measurements`)."""
+    confirmation: dict[str, Any] | None = None
+    """The fresh launch that confirmed an in-launch best config: its figure beside the in-launch one, and what was
+    recommended (`Search` fills it; None: no confirmation was needed)."""
     strategy_report: dict[str, Any] = field(default_factory=dict)
     """What the strategy reported (model-guided: profiles used, stop reason, prediction error, calibration trace)."""
     feasible: bool = True
@@ -107,7 +114,7 @@ class ScenarioResult:
     def engine_launches(self) -> int:
         """Engine launches this worker used for the scenario: its measurements plus the strategy's profiling (with
         the vllm backend every measurement is one launch; with the model backend nothing is launched)."""
-        return self.n_measurements + self.profile_launches
+        return (self.n_measurements if self.launches is None else self.launches) + self.profile_launches
 
     def speedup_over(self, other: Measurement | None) -> float | None:
         if other is None or not other.ok or not other.output_tokens_per_s or not self.best.output_tokens_per_s:
@@ -135,6 +142,8 @@ class ScenarioResult:
             metrics["hypothetical_note"] = self.hypothetical
         if self.per_drafter:
             metrics["per_drafter"] = [r.to_dict() for r in self.per_drafter]
+        if self.confirmation is not None:
+            metrics["confirmation"] = self.confirmation
         return metrics
 
     @property
@@ -324,7 +333,7 @@ def summarize(
     assert config is not None
     best = trial_measurement(chosen) or measure(config)
     seqs, mnbt = config.max_num_seqs, config.max_num_batched_tokens
-    baseline = lookup(SpecConfig(max_num_seqs=seqs, max_num_batched_tokens=mnbt))
+    baseline = lookup(space.no_spec(seqs, mnbt))
     choice = space.names.get(str(config.drafter)) if config.speculative else None
     published = lookup(config.with_(num_speculative_tokens=choice.recommended_k)) if choice and choice.recommended_k \
         else None

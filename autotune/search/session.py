@@ -68,6 +68,8 @@ class SearchOptions:
     heartbeat: int = 60
     """Seconds between a running trial's heartbeats; a trial silent for twice that is failed and re-queued."""
     seed: int = 0
+    fresh_launches: bool = False
+    """vllm backend: one engine launch per config instead of one per drafter (`autotune.backends.InLaunchBackend`)."""
 
 
 @dataclass
@@ -181,15 +183,22 @@ def choose_backend(requested: str, model_path: str | None) -> tuple[str, str]:
     return "model", f"{why}, so figures are predicted"
 
 
-def resolve_strategy(requested: str, backend: str, sampler: str | None = None) -> str:
-    """``auto`` -> model-guided with the vllm backend (a profile exists or one launch per drafter makes it),
-    blackbox with the model backend or when --sampler is given; other names unchanged."""
+def resolve_strategy(requested: str, backend: str, sampler: str | None = None, in_launch: bool = False) -> str:
+    """``auto`` -> grid when every config is measured in its drafter's launch (each trial then costs no launch),
+    model-guided with the vllm backend otherwise (a profile exists or one launch per drafter makes it), blackbox with
+    the model backend or when --sampler is given; other names unchanged."""
     if requested != "auto":
         return requested
-    return "model-guided" if backend == "vllm" and sampler is None else "blackbox"
+    if sampler is not None or backend != "vllm":
+        return "blackbox"
+    return "grid" if in_launch else "model-guided"
 
 
-def _default_seqs(concurrency: int) -> list[int]:
+def _default_seqs(concurrency: int, in_launch: bool = False) -> list[int]:
+    """max_num_seqs choices: the concurrency itself when measuring in-launch (a closed loop never fills a larger cap,
+    and a smaller one queues requests at a launch per config), else half, equal and twice the concurrency."""
+    if in_launch:
+        return [concurrency]
     return sorted({max(concurrency // 2, 1), concurrency, concurrency * 2})
 
 
@@ -199,13 +208,15 @@ def resolve_space_spec(options: SearchOptions) -> SpaceSpec:
     return base.overridden_by(options.space)
 
 
-def build_space(spec: SpaceSpec, drafters: list[DrafterChoice], concurrency: int) -> SearchSpace:
+def build_space(
+    spec: SpaceSpec, drafters: list[DrafterChoice], concurrency: int, in_launch: bool = False
+) -> SearchSpace:
     k_max = spec.k_max if spec.k_max is not None else max(DEFAULT_K_MAX, spec.k_min or 1)
     return SearchSpace(
         drafters=tuple(drafters),
         k_min=spec.k_min if spec.k_min is not None else 1,
         k_max=k_max,
-        max_num_seqs=tuple(spec.max_num_seqs or _default_seqs(concurrency)),
+        max_num_seqs=tuple(spec.max_num_seqs or _default_seqs(concurrency, in_launch)),
         max_num_batched_tokens=tuple(spec.max_num_batched_tokens or (None,)),
         parallel_drafting=spec.parallel_drafting or "auto",
     )
@@ -278,6 +289,30 @@ def _predictable(specs: list[Any], model: str, notes: list[str]) -> list[Any]:
     return specs
 
 
+def _in_launch(
+    fresh: Backend, spaces: list[SearchSpace], concurrencies: list[int], workload: Workload, notes: list[str]
+) -> tuple[Backend, int]:
+    """`fresh` (a `VLLMBackend`) wrapped so every static K of a drafter is measured in one launch, and how many
+    configs need a launch of their own; says the launches it plans in `notes`."""
+    from autotune.backends.in_launch import InLaunchBackend
+    from autotune.backends.vllm import VLLMBackend
+
+    assert isinstance(fresh, VLLMBackend)
+    ks = range(min(s.k_min for s in spaces), max(s.k_max for s in spaces) + 1)
+    scenarios = [Scenario(concurrency=c) for c in concurrencies]
+    backend = InLaunchBackend(fresh, scenarios, ks, workload)
+    shared, own = backend.planned_launches([(sc, sp.grid()) for sc, sp in zip(scenarios, spaces, strict=True)])
+    notes.append(
+        f"Launches planned: {shared} (one per drafter and drafting mode at K_max={backend.k_max}, measuring every K "
+        f"at every concurrency, and one without speculation) + up to {len(concurrencies)} to confirm each "
+        "concurrency's best config in a fresh launch of exactly that config."
+    )
+    if own:
+        notes.append(f"{own} configs fall outside a drafter's launch (max_num_seqs below the concurrency, "
+                     "max_num_batched_tokens): one launch each if the search measures them.")
+    return backend, own
+
+
 def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
     anything is measured."""
@@ -304,7 +339,14 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     if backend.capabilities.predicts:
         specs = _predictable(specs, spec.name, notes)
     drafters = [_choice(d) for d in specs]
-    strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler), options.sampler)
+    in_launch = kind == "vllm" and not options.fresh_launches
+    spaces = [build_space(spec_space, drafters, c, in_launch) for c in options.concurrencies]
+    all_in_launch = False
+    if in_launch:
+        backend, own = _in_launch(backend, spaces, options.concurrencies, workload, notes)
+        all_in_launch = own == 0
+    strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler, all_in_launch),
+                             options.sampler)
     hypothetical = [d.name for d in drafters if d.hypothetical]
     if hypothetical and not backend.capabilities.predicts:
         raise UsageError(
@@ -324,13 +366,13 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         (
             Search(
                 store=store, backend=backend, model=spec.name, device=environment["device"], workload=workload,
-                space=build_space(spec_space, drafters, concurrency), objective=objective, strategy=strategy,
+                space=space, objective=objective, strategy=strategy,
                 n_trials=options.trials, seed=options.seed, study_prefix=options.study, storage_url=options.storage,
                 heartbeat_interval=options.heartbeat, profile_concurrencies=tuple(options.concurrencies),
             ),
             Scenario(concurrency=concurrency),
         )
-        for concurrency in options.concurrencies
+        for concurrency, space in zip(options.concurrencies, spaces, strict=True)
     ]
     return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
                       searches)

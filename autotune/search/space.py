@@ -70,6 +70,8 @@ class SearchSpace:
     """``auto``: try both where the drafter supports it; ``on``: only parallel; ``off``: only sequential."""
     max_num_batched_tokens: tuple[int | None, ...] = (None,)
     include_baseline: bool = True
+    tensor_parallel_size: int = 1
+    """vLLM's tensor_parallel_size of every config (not searched: the device decides it)."""
     names: dict[str, DrafterChoice] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -120,12 +122,17 @@ class SearchSpace:
             picked = trial.suggest_categorical("max_num_batched_tokens", list(self.max_num_batched_tokens))
             mnbt = None if picked is None else int(picked)
         if name == NO_SPEC:
-            return SpecConfig(max_num_seqs=int(seqs), max_num_batched_tokens=mnbt)
+            return self.no_spec(int(seqs), mnbt)
         drafter = self.names[str(name)]
         k = trial.suggest_int("k", self.k_min, self.k_max)
         pd_options = self.parallel_options(drafter)
         pd = pd_options[0] if len(pd_options) == 1 else trial.suggest_categorical("parallel_drafting", pd_options)
         return self.config(drafter, k, bool(pd), int(seqs), mnbt)
+
+    def no_spec(self, seqs: int, mnbt: int | None = None) -> SpecConfig:
+        """The config without speculation at `seqs` and `mnbt`."""
+        tp = self.tensor_parallel_size
+        return SpecConfig(max_num_seqs=seqs, max_num_batched_tokens=mnbt, tensor_parallel_size=tp)
 
     def config(
         self, drafter: DrafterChoice, k: int, parallel: bool, seqs: int, mnbt: int | None = None
@@ -138,6 +145,7 @@ class SearchSpace:
             drafter_layers=drafter.layers,
             max_num_seqs=seqs,
             max_num_batched_tokens=mnbt,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     def params_of(self, config: SpecConfig) -> dict[str, Any]:
@@ -160,6 +168,8 @@ class SearchSpace:
             return False
         if config.max_num_batched_tokens not in self.max_num_batched_tokens:
             return False
+        if config.tensor_parallel_size != self.tensor_parallel_size:
+            return False
         if not config.speculative:
             return self.include_baseline
         drafter = self.names.get(str(config.drafter))
@@ -177,7 +187,7 @@ class SearchSpace:
         out: list[SpecConfig] = []
         for seqs, mnbt in itertools.product(self.max_num_seqs, self.max_num_batched_tokens):
             if self.include_baseline:
-                out.append(SpecConfig(max_num_seqs=seqs, max_num_batched_tokens=mnbt))
+                out.append(self.no_spec(seqs, mnbt))
             for d in self.drafters:
                 for pd in self.parallel_options(d):
                     for k in range(self.k_min, self.k_max + 1):
@@ -190,7 +200,7 @@ class SearchSpace:
         for s in seqs or self.max_num_seqs:
             mnbt = self.max_num_batched_tokens[0]
             if self.include_baseline:
-                out.append(SpecConfig(max_num_seqs=s, max_num_batched_tokens=mnbt))
+                out.append(self.no_spec(s, mnbt))
             for d in self.drafters:
                 if d.recommended_k:
                     k = min(max(d.recommended_k, self.k_min), self.k_max)
@@ -213,6 +223,7 @@ class SearchSpace:
             "max_num_batched_tokens": list(self.max_num_batched_tokens),
             "parallel_drafting": self.parallel_drafting,
             "include_baseline": self.include_baseline,
+            **({"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}),
         }
 
 

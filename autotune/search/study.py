@@ -218,12 +218,17 @@ class Search:
             optuna.storages.fail_stale_trials(study)
             fail_orphans(study, storage, lock, study.get_trials(deepcopy=False))
         start = state_counts(study.get_trials(deepcopy=False))
+        launches_before = self.backend.engine_launches
         self._emit(on_event, SearchEvent.of("start", study_name, run.target, start))
         self._loop(run, on_event)
         run.recorder.sync(study.get_trials(deepcopy=False))
         trials = study.get_trials(deepcopy=False)
         self._emit(on_event, SearchEvent.of("end", study_name, run.target, state_counts(trials)))
-        return self._result(run, trials)
+        result = self._result(run, trials)
+        launches_after = self.backend.engine_launches
+        if launches_before is not None and launches_after is not None:
+            result.launches = launches_after - launches_before
+        return result
 
     def _open_study(self, storage: optuna.storages.RDBStorage, name: str, scenario: Scenario) -> optuna.Study:
         """Create or load the study (under the claim lock) and check it is the same search.
@@ -415,6 +420,10 @@ class Search:
         report = self.strategy.report(run.ctx)
         result.strategy_report = report
         result.profile_launches = int(report.get("profile_launches", 0))
+        if result.feasible:
+            confirmed = self.backend.confirm(result.best.config, self.workload, run.scenario)
+            if confirmed is not None:
+                self._confirm(result, confirmed)
         config = result.best.config
         if result.feasible and config.speculative:
             result.schedule = depths.depth_schedule(
@@ -422,6 +431,48 @@ class Search:
             )
             result.class_policy = depths.class_caps(self.backend, config, self.workload, run.scenario, self.space)
         return result
+
+    def _confirm(self, result: ScenarioResult, fresh: Measurement) -> None:
+        """Recommend `fresh` (the best config launched as it would be served) in place of its in-launch figure; if
+        that launch failed, misses the SLOs or loses to no speculation, recommend no speculation instead."""
+        in_launch = result.best
+        note: dict[str, Any] = {
+            "config": in_launch.config.label(),
+            "in_launch_tokens_per_s": in_launch.output_tokens_per_s,
+            "fresh_tokens_per_s": fresh.output_tokens_per_s if fresh.ok else None,
+            "fresh_ok": fresh.ok,
+        }
+        if fresh.ok and fresh.output_tokens_per_s and in_launch.output_tokens_per_s:
+            note["ratio"] = fresh.output_tokens_per_s / in_launch.output_tokens_per_s
+        base = result.baseline
+        keep, why = True, ""
+        if not fresh.ok:
+            keep, why = False, f"the fresh launch failed ({fresh.failure_kind}: {fresh.failure_reason})"
+        elif base is not None and base.ok:
+            keep, why = self._beats(fresh, base)
+        if keep or base is None or not base.ok:
+            result.best = fresh
+            note["recommended"] = "confirmed"
+        else:
+            result.best = base
+            note["recommended"] = "no speculation"
+            note["why"] = why
+        result.confirmation = note
+
+    def _beats(self, fresh: Measurement, base: Measurement) -> tuple[bool, str]:
+        """Whether `fresh` still beats no speculation under the objective, and if not, why, in words."""
+        fresh_metrics, base_metrics = measurement_metrics(fresh), measurement_metrics(base)
+        try:
+            ours, theirs = self.objective.values(fresh_metrics)[0], self.objective.values(base_metrics)[0]
+        except MissingFigureError as exc:
+            return False, str(exc)
+        if any(v > 0 for v in self.objective.constraints(fresh_metrics).values()):
+            return False, f"launched fresh it misses {self.objective.describe_slos()}"
+        sign = 1.0 if self.objective.directions[0] == "maximize" else -1.0
+        if sign * ours < sign * theirs:
+            name = self.objective.value_names[0]
+            return False, f"launched fresh its {name} {ours:.4g} loses to no speculation's {theirs:.4g}"
+        return True, ""
 
     def _measure_counted(self, run: _Run, config: SpecConfig) -> Measurement:
         """`measure`, counting a measurement this worker had not made yet against the scenario."""
