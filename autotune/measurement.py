@@ -28,10 +28,18 @@ class Provenance:
     profile: str | None = None
     """For predictions: which acceptance profile/cost model was used (e.g. "published:mt-bench" or "profile#3")."""
     date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    model_runner: str | None = None
+    """For measurements: vLLM's model runner, "v1" or "v2" (`autotune.engine.predict_variant`); None: not recorded
+    (rows stored before it was)."""
+    cudagraph_mode: str | None = None
+    """For measurements: vLLM's CUDA-graph mode (NONE, PIECEWISE, FULL_AND_PIECEWISE, ...); None: not recorded."""
+    async_scheduling: bool | None = None
+    """For measurements: whether vLLM scheduled asynchronously; None: not recorded."""
 
     def describe(self) -> str:
         if self.kind == "measured":
-            return f"measured on {self.device} (vLLM {self.vllm_version}, {self.date[:10]})"
+            runner = f", {self.model_runner.upper()} model runner" if self.model_runner else ""
+            return f"measured on {self.device} (vLLM {self.vllm_version}{runner}, {self.date[:10]})"
         return f"predicted by the {self.backend} backend for {self.device} from {self.profile}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -210,6 +210,10 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
                          metrics, re.M)
     assert not re.search(r'^peagle:\w+\{class="no-such-class"', metrics, re.M)
     assert re.search(r"^vllm:spec_decode_num_drafts_total\{", metrics, re.M)  # vLLM's own metrics still there
+    # Drafter-width control is in effect (the worker extension installed in the V1 runner serve pins).
+    assert re.search(r'^peagle:drafter_width_active\{engine="0"\} 1\.0$', metrics, re.M), metrics[-3000:]
+    assert re.search(r'^peagle:drafter_width_state\{engine="0",state="active"\} 1\.0$', metrics, re.M)
+    assert re.search(r'^peagle:drafter_width_state\{engine="0",state="v2_runner"\} 0\.0$', metrics, re.M)
 
     # -- the controller fault fell back for those steps without failing requests, then adaptation resumed -----------
     final = PluginStats.load(launch.stats_path)

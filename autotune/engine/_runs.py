@@ -23,7 +23,8 @@ from autotune.engine._failures import classify_failure, last_phase, phase_marks,
 from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions
 from autotune.engine._process import kill_process_group, own_returncode, poll_until, start_process_group
-from autotune.errors import BackendUnavailableError
+from autotune.engine._variants import predict_variant
+from autotune.errors import BackendUnavailableError, ConfigError
 from autotune.measurement import FailureKind, Provenance
 
 #: The job module of offline measurements (`autotune.engine._offline`).
@@ -51,17 +52,30 @@ def require_vllm(what: str, alternative: str = "") -> None:
         )
 
 
-def measured_provenance() -> Provenance:
-    """Provenance of figures measured on this machine's vLLM (device, vLLM and torch versions, today)."""
+def measured_provenance(
+    engine_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> Provenance:
+    """Provenance of figures measured on this machine's vLLM (device, vLLM and torch versions, today) and, given the
+    launch's ``LLM(...)`` arguments and engine environment (`EngineOptions.process_env`), the model runner, CUDA-graph
+    mode and async scheduling vLLM runs them with (`predict_variant`)."""
     from autotune.environment import detect_environment
 
     environment = detect_environment()
+    variant = None
+    if engine_args is not None:
+        try:
+            variant = predict_variant(engine_args, env)
+        except ConfigError:  # a bad VLLM_USE_V2_MODEL_RUNNER: the launch fails with vLLM's own message
+            pass
     return Provenance(
         kind="measured",
         backend="vllm",
         device=str(environment["device"]),
         vllm_version=environment["vllm_version"],
         torch_version=environment["torch_version"],
+        model_runner=None if variant is None else variant.model_runner,
+        cudagraph_mode=None if variant is None else variant.cudagraph_mode,
+        async_scheduling=None if variant is None else variant.async_scheduling,
     )
 
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.engine import EngineOptions, run_directory, run_worker
-from autotune.measurement import FailureKind
+from autotune.engine import EngineOptions, measured_provenance, run_directory, run_worker
+from autotune.measurement import FailureKind, Provenance
 from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats
 from policies.plugin import engine_kwargs as plugin_engine_kwargs
+from policies.plugin.config import engine_env as plugin_engine_env
 
 #: The job module profiling launches run on the engine's worker harness.
 PROFILE_JOB = "autotune.profiling._worker"
@@ -32,6 +33,14 @@ class EngineRun:
     total_s: float = 0.0
 
 
+def plugin_provenance(engine_kwargs: Mapping[str, Any], options: EngineOptions | None = None) -> Provenance:
+    """The provenance of what `run_plugin_job` measures with these ``LLM(...)`` arguments and engine options: this
+    machine's vLLM, and the model runner, CUDA-graph mode and async scheduling of such a launch."""
+    options = options or EngineOptions()
+    return measured_provenance({**dict(engine_kwargs), **plugin_engine_kwargs()},
+                               options.process_env(plugin_engine_env()))
+
+
 def run_plugin_job(
     model: str,
     engine_kwargs: Mapping[str, Any],
@@ -48,7 +57,8 @@ def run_plugin_job(
 ) -> EngineRun:
     """Launch vLLM once in a subprocess with the scheduler plugin configured by ``plugin`` and run ``phases``.
 
-    ``engine_kwargs``: ``LLM(...)`` arguments (the plugin's ``scheduler_cls``/``async_scheduling`` are added).
+    ``engine_kwargs``: ``LLM(...)`` arguments (the plugin's ``scheduler_cls``/``async_scheduling`` are added, and
+    its engine environment: V1 model runner, `policies.plugin.config.engine_env`).
     ``phases``: [{"name", "concurrency", "requests": [{"class", "prompt" or "messages", "max_tokens", ...}]}], each
     run closed-loop at its concurrency; requests carry their class and the phase name to the plugin.
     ``options`` / ``engine_options``: the launch's `autotune.engine.EngineOptions` (env, timeout_s, ignore_eos, ...;
@@ -76,7 +86,8 @@ def run_plugin_job(
         if turns is not None:
             job["turns"] = dict(turns)
         launch = run_worker(
-            PROFILE_JOB, job, run_dir, options, extra_env={CONFIG_ENV: str(config_path)}, progress=progress
+            PROFILE_JOB, job, run_dir, options, extra_env={CONFIG_ENV: str(config_path), **plugin_engine_env()},
+            progress=progress,
         )
         failure = launch.failure()
         if failure is not None:

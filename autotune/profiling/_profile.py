@@ -28,7 +28,7 @@ from autotune.engine import EngineOptions, measured_provenance, require_vllm, sp
 from autotune.environment import detect_environment
 from autotune.errors import BackendUnavailableError, ConfigError
 from autotune.profiling._analysis import acceptance_per_class, fit_cost_model, metrics_check, phase_totals
-from autotune.profiling._plugin_run import EngineRun, run_plugin_job
+from autotune.profiling._plugin_run import EngineRun, plugin_provenance, run_plugin_job
 from autotune.profiling._result import ProfileResult, store_profile
 from autotune.profiling._turns import Turns, take_turns
 from autotune.spec import MAX_K, Method, SpecConfig
@@ -65,12 +65,16 @@ class _Launches:
     log_dir: Path | None
     say: Progress
 
+    def engine_kwargs(self, config: SpecConfig) -> dict[str, Any]:
+        """``LLM(...)`` arguments of a launch serving `config` (the plugin's are added by `run_plugin_job`)."""
+        return self.options.llm_kwargs(config, max_num_seqs=self.max_num_seqs, defaults=_ENGINE_DEFAULTS)
+
     def run(
         self, config: SpecConfig, plugin: PluginConfig, return_outputs: bool = False, turns: Turns | None = None
     ) -> EngineRun:
         """One launch serving `config` (at the largest concurrency's batch size) with the plugin in `plugin`'s mode;
         ``turns``: taking turns with another launch, phase by phase (`side_by_side`)."""
-        kwargs = self.options.llm_kwargs(config, max_num_seqs=self.max_num_seqs, defaults=_ENGINE_DEFAULTS)
+        kwargs = self.engine_kwargs(config)
         say = self.say if turns is None else (lambda line: self.say(f"[{turns.name}] {line}"))
         return run_plugin_job(
             self.model, kwargs, self.phases, plugin, warmup=self.warmup, return_outputs=return_outputs,
@@ -272,6 +276,7 @@ def _profile_one(
     )
     max_k = result.max_k
     config = SpecConfig(drafter.method, drafter.name, max_k, drafter.parallel_drafting)
+    result.provenance = plugin_provenance(launches.engine_kwargs(config), launches.options)
     assert result.plan is not None
     plugin = PluginConfig(mode="plan", plan=result.plan)
     if side_by_side:

@@ -40,6 +40,7 @@ from autotune.engine import (
 from autotune.errors import PrivateDirectoryError, UsageError
 from autotune.serving._tuned import TunedConfig, plugin_config
 from policies.plugin import CONFIG_ENV, PluginConfig, serve_args
+from policies.plugin.config import engine_env as plugin_engine_env
 
 __all__ = [
     "LOOPBACK",
@@ -222,6 +223,7 @@ def build_launch(
         argv += ["--gpu-memory-utilization", f"{memory_fraction:g}"]
     argv += list(extra_args)
     env = {
+        **plugin_engine_env(),  # V1 model runner: the drafter-width worker extension patches it
         CONFIG_ENV: str(run_dir / "plugin.json"),
         POLICY_ENV: str(run_dir / "policy.json"),
         PROMETHEUS_ENV: str(run_dir / "prometheus"),

@@ -3,10 +3,11 @@
 Pure Python (no vLLM import), so the parent process that starts an engine, the tests and the plugin share it.
 
 How the pieces meet: the parent writes a `PluginConfig` as JSON (`PluginConfig.save`), names the file in the
-environment variable ``PEAGLE_SCHEDULER_CONFIG`` (`CONFIG_ENV`) and starts vLLM with `engine_kwargs()`
-(``scheduler_cls`` and ``async_scheduling=False``) or `serve_args()`. The engine-core process inherits the
-environment, its `PeagleScheduler` reads the config, controls the verified depth and records a `PluginStats`
-(`policies.plugin.stats`), written as JSON to ``stats_path``; the parent reads it back with `PluginStats.load`.
+environment variable ``PEAGLE_SCHEDULER_CONFIG`` (`CONFIG_ENV`), adds `engine_env()` (V1 model runner) and starts
+vLLM with `engine_kwargs()` (``scheduler_cls`` and ``async_scheduling=False``) or `serve_args()`. The engine-core
+process inherits the environment, its `PeagleScheduler` reads the config, controls the verified depth and records a
+`PluginStats` (`policies.plugin.stats`), written as JSON to ``stats_path``; the parent reads it back with
+`PluginStats.load`.
 
 Modes:
 
@@ -51,9 +52,11 @@ __all__ = [
     "MAX_DEPTH",
     "MODES",
     "SCHEDULER_CLS",
+    "V2_RUNNER_ENV",
     "WORKER_EXTENSION_CLS",
     "DepthPlan",
     "PluginConfig",
+    "engine_env",
     "engine_kwargs",
     "serve_args",
 ]
@@ -72,6 +75,8 @@ ASYNC_SCHEDULER_CLS = "policies.scheduler.PeagleAsyncScheduler"
 WORKER_EXTENSION_CLS = _WORKER_EXTENSION_CLS
 """What to pass as vLLM's ``worker_extension_cls``: the worker-side patch that makes the drafter draft only the
 planned depth and skip off-steps (`policies.plugin.drafter_width`). Without it the plugin only trims drafts."""
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+"""vLLM's switch between its V1 ("0") and V2 ("1") model runners; `engine_env` pins V1."""
 CONFIG_VERSION = 1
 """The plugin config format this peagle-tune reads and writes."""
 MAX_DEPTH = 64
@@ -80,7 +85,7 @@ MAX_DEPTH = 64
 
 def engine_kwargs(async_scheduling: bool = False) -> dict[str, Any]:
     """``LLM(...)`` keyword arguments that install the plugin (and its worker-side drafter-width patch). Set
-    ``PEAGLE_SCHEDULER_CONFIG`` in the environment too.
+    ``PEAGLE_SCHEDULER_CONFIG`` and `engine_env` in the engine's environment too.
 
     ``async_scheduling=False`` (default): step times do not overlap, so the measured step cost is the step's own,
     and a drafter that falls back to its full width is noticed from the drafts. True installs
@@ -88,6 +93,19 @@ def engine_kwargs(async_scheduling: bool = False) -> dict[str, Any]:
     """
     cls = ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
     return {"scheduler_cls": cls, "async_scheduling": async_scheduling, "worker_extension_cls": WORKER_EXTENSION_CLS}
+
+
+def engine_env() -> dict[str, str]:
+    """Environment variables of the engine process that installs the plugin (besides `CONFIG_ENV`):
+    ``VLLM_USE_V2_MODEL_RUNNER=0``, vLLM's V1 model runner.
+
+    Why: the worker extension (`WORKER_EXTENSION_CLS`, `policies.plugin.drafter_width`) patches the V1 model runner
+    (vllm/v1/worker/gpu_model_runner.py, whose ``propose_draft_token_ids`` calls ``drafter.propose``); vLLM 0.32 runs
+    EAGLE-3 without parallel drafting on its V2 runner on a GPU with Triton, whose speculative decoding lives
+    elsewhere (vllm/v1/worker/gpu/spec_decode/), so there the extension cannot install and the plugin only trims
+    drafts. P-EAGLE and PARD (parallel drafting) run V1 anyway; the CPU build always does.
+    """
+    return {V2_RUNNER_ENV: "0"}
 
 
 def serve_args(async_scheduling: bool = False) -> list[str]:

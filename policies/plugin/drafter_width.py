@@ -66,6 +66,7 @@ from typing import Any
 from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, REPLAY_MODES, off_step_mode
 
 __all__ = [
+    "DRAFTER_WIDTH_STATES",
     "HANDSHAKE_METHOD",
     "COUNTERS_METHOD",
     "OFF_STEP_MODES",
@@ -96,6 +97,19 @@ DRAFTING_ATTR = "peagle_drafting_reqs"
 those that are. Only they replay their missed tokens in this step's drafter pass; the others keep their holes until
 they draft (their drafts this step are not verified)."""
 PROTOCOL_VERSION = 1
+DRAFTER_WIDTH_STATES: tuple[str, ...] = (
+    "active", "disabled", "no_speculation", "v2_runner", "unsupported", "install_failed", "fell_back",
+)
+"""Whether drafter-width control is in effect, and if not which fallback and why (bounded: a metric label value and
+``info["drafter_width"]["state"]`` of the plugin's stats). ``active``: every worker drafts only the planned width
+(lowering; off-steps skip the drafter where the drafter allows it). Otherwise depth is applied by trimming the
+verified drafts: ``disabled`` (``drafter_width.enabled: false`` in the plugin config), ``no_speculation`` (K = 0),
+``v2_runner`` (vLLM's V2 model runner, which this patch does not know: start the engine with
+``VLLM_USE_V2_MODEL_RUNNER=0``, as `policies.plugin.config.engine_env` does), ``unsupported`` (a worker's drafter or
+runner is not one the patch handles), ``install_failed`` (no worker extension, no executor reachable, or the
+handshake failed in a worker), ``fell_back`` (the workers stopped drafting the planned width while serving)."""
+#: Module prefixes of vLLM 0.32's V2 model runners (vllm/v1/worker/gpu/, and its CPU subclass in vllm/v1/worker/cpu/).
+_V2_RUNNER_MODULES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")
 _FAULTS: tuple[str, ...] = ("propose", "skip", "handshake")
 _METHODS_WITH_SLOTS = ("DraftModelProposer", "EagleProposer")
 
@@ -170,6 +184,9 @@ class WorkerStatus:
     """0 < k < K drafts k slots (parallel drafting) or k passes (sequential, vLLM's own behaviour)."""
     off_steps: str = "sync_pass"
     """What a step with k = 0 does here: ``catch_up`` / ``holes`` skip the drafter, ``sync_pass`` runs one slot."""
+    state: str = ""
+    """One of `DRAFTER_WIDTH_STATES`: "active" when installed, else why not ("" from a worker of an older version:
+    read as "unsupported")."""
 
     @property
     def skips_drafter(self) -> bool:
@@ -629,14 +646,17 @@ def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerSta
     """What this worker's runner supports, before anything is patched."""
     config = getattr(runner, "speculative_config", None)
     if config is None:
-        return WorkerStatus(False, "no speculative decoding configured", rank)
+        return WorkerStatus(False, "no speculative decoding configured", rank, state="no_speculation")
     k_max = int(config.num_speculative_tokens or 0)
     method = str(getattr(config, "method", ""))
     parallel = bool(getattr(config, "parallel_drafting", False))
 
-    def refuse(reason: str) -> WorkerStatus:
-        return WorkerStatus(False, reason, rank, k_max=k_max, method=method, parallel=parallel)
+    def refuse(reason: str, state: str = "unsupported") -> WorkerStatus:
+        return WorkerStatus(False, reason, rank, k_max=k_max, method=method, parallel=parallel, state=state)
 
+    if type(runner).__module__.startswith(_V2_RUNNER_MODULES):
+        return refuse(f"vLLM's V2 model runner ({type(runner).__module__}) drafts in its own speculator, which this "
+                      "patch does not handle; start the engine with VLLM_USE_V2_MODEL_RUNNER=0", "v2_runner")
     drafter = getattr(runner, "drafter", None)
     name = type(drafter).__name__
     if name not in _METHODS_WITH_SLOTS:
@@ -652,7 +672,7 @@ def _status(runner: Any, settings: DrafterWidthSettings, rank: int) -> WorkerSta
                                 async_scheduling=bool(getattr(runner, "use_async_scheduling", False)),
                                 prefix_caching=prefix_caching)
     return WorkerStatus(True, reason, rank, k_max=k_max, method=method, parallel=parallel, lower_width=True,
-                        off_steps=off)
+                        off_steps=off, state="active")
 
 
 def install(runner: Any, settings: DrafterWidthSettings | None = None, rank: int = 0) -> WorkerStatus:
@@ -686,7 +706,7 @@ class DrafterWidthExtension:
         except Exception as exc:
             logger.error("peagle drafter width: handshake failed in worker %d: %s: %s", rank, type(exc).__name__,
                          exc)
-            return WorkerStatus(False, f"{type(exc).__name__}: {exc}", rank).to_dict()
+            return WorkerStatus(False, f"{type(exc).__name__}: {exc}", rank, state="install_failed").to_dict()
 
     def peagle_drafter_width_counters(self) -> dict[str, Any]:
         """This worker's counters, plus ``installed`` / ``disabled``."""

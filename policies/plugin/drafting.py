@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any
 
 from policies.plugin.drafter_width import (
+    DRAFTER_WIDTH_STATES,
     DRAFTING_ATTR,
     HANDSHAKE_METHOD,
     SKIP_ATTR,
@@ -61,15 +62,23 @@ class HandshakeResult:
     reason: str | None = None
     """Why lowering (or skipping) is off, in a sentence; None when everything is on."""
     workers: tuple[WorkerStatus, ...] = field(default_factory=tuple)
+    state: str = ""
+    """One of `DRAFTER_WIDTH_STATES` ("" at construction: "active" when lowering, else "install_failed")."""
+
+    def __post_init__(self) -> None:
+        if not self.state:
+            object.__setattr__(self, "state", "active" if self.lower_width else "install_failed")
+        if self.state not in DRAFTER_WIDTH_STATES:
+            raise ValueError(f"state must be one of {DRAFTER_WIDTH_STATES}, but got {self.state!r}.")
 
     @classmethod
-    def refused(cls, reason: str) -> HandshakeResult:
-        return cls(False, False, "sync_pass", reason)
+    def refused(cls, reason: str, state: str = "install_failed") -> HandshakeResult:
+        return cls(False, False, "sync_pass", reason, state=state)
 
     def info(self) -> dict[str, Any]:
         """For the plugin's stats file."""
-        return {"lower_width": self.lower_width, "skip_drafter": self.skip_drafter, "off_steps": self.off_steps,
-                "reason": self.reason, "workers": len(self.workers)}
+        return {"state": self.state, "lower_width": self.lower_width, "skip_drafter": self.skip_drafter,
+                "off_steps": self.off_steps, "reason": self.reason, "workers": len(self.workers)}
 
 
 def find_engine_executor(max_depth: int = 12) -> Any | None:
@@ -118,8 +127,9 @@ def combine(workers: list[WorkerStatus]) -> HandshakeResult:
         return HandshakeResult.refused("no worker answered the handshake")
     bad = [w for w in workers if not w.installed or not w.lower_width]
     if bad:
+        state = bad[0].state if bad[0].state in DRAFTER_WIDTH_STATES and bad[0].state != "active" else "unsupported"
         return HandshakeResult(False, False, "sync_pass",
-                               f"worker {bad[0].rank}: {bad[0].reason or 'not installed'}", tuple(workers))
+                               f"worker {bad[0].rank}: {bad[0].reason or 'not installed'}", tuple(workers), state)
     modes = {w.off_steps for w in workers}
     off = modes.pop() if len(modes) == 1 else "sync_pass"
     reasons = sorted({w.reason for w in workers if w.reason})

@@ -19,6 +19,10 @@ Series (label ``engine``: the data-parallel rank):
   position+1 drafts are accepted), position 0-based like vLLM's ``spec_decode_num_accepted_tokens_per_pos``;
 - ``peagle:predicted_goodput_tokens_per_second`` and ``peagle:predicted_step_seconds`` of the last decision;
 - ``peagle:fallback``: 1 while the plugin serves at the static depth (controller error or plugin disabled);
+- ``peagle:drafter_width_active``: 1 while the drafter drafts only the planned width, 0 while depth is applied by
+  trimming; ``peagle:drafter_width_state{state}``: 1 for the state in effect, 0 for the others
+  (`policies.plugin.drafter_width.DRAFTER_WIDTH_STATES`: active, disabled, no_speculation, v2_runner, unsupported,
+  install_failed, fell_back);
 - counters ``peagle:decisions_total``, ``peagle:fallback_decisions_total``, and per class the measured
   ``peagle:drafts_total``, ``peagle:draft_tokens_total``, ``peagle:accepted_tokens_total`` and
   ``peagle:accepted_tokens_per_pos_total{position}``.
@@ -42,6 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from policies.plugin.drafter_width import DRAFTER_WIDTH_STATES
 from policies.plugin.labels import MAX_CLASSES, LabelBook
 
 __all__ = ["METRIC_NAMES", "GuardedMetrics", "PluginMetrics", "metrics_visible"]
@@ -61,6 +66,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "peagle:draft_tokens",
     "peagle:accepted_tokens",
     "peagle:accepted_tokens_per_pos",
+    "peagle:drafter_width_active",
+    "peagle:drafter_width_state",
 )
 """Metric names (counters get ``_total`` appended in the exposition)."""
 
@@ -108,6 +115,14 @@ def _series() -> dict[str, Any]:
             "accepted": counter("peagle:accepted_tokens", "Draft tokens accepted, measured.", ("class",)),
             "accepted_pos": counter(
                 "peagle:accepted_tokens_per_pos", "Accepted draft tokens per position, measured.", ("class", "position")
+            ),
+            "width_active": gauge(
+                "peagle:drafter_width_active", "1 while the drafter drafts only the planned width, 0 while depth is "
+                "applied by trimming drafts (see peagle:drafter_width_state for why)."
+            ),
+            "width_state": gauge(
+                "peagle:drafter_width_state", "1 for the drafter-width state in effect (active, or the trimming "
+                "fallback and its cause), 0 for the others.", ("state",)
             ),
         }
     return _SERIES
@@ -219,6 +234,16 @@ class PluginMetrics:
             for i in range(min(len(now), width)):
                 c[i] += now[i] - before[i]
             before[:] = now
+
+    def set_drafter_width(self, state: str) -> None:
+        """Publish the drafter-width state (one of `DRAFTER_WIDTH_STATES`): ``peagle:drafter_width_active`` 1 for
+        "active", else 0; ``peagle:drafter_width_state{state}`` 1 for `state`, 0 for every other state."""
+        if state not in DRAFTER_WIDTH_STATES:
+            raise ValueError(f"drafter-width state must be one of {DRAFTER_WIDTH_STATES}, but got {state!r}.")
+        s, e = self._series, self.engine
+        s["width_active"].labels(e).set(1 if state == "active" else 0)
+        for name in DRAFTER_WIDTH_STATES:
+            s["width_state"].labels(e, name).set(1 if name == state else 0)
 
     def set_fallback(self, on: bool = True) -> None:
         """Mark the plugin as serving at the static depth (e.g. after it disabled itself)."""

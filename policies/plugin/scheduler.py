@@ -262,22 +262,29 @@ class PeagleScheduler(Scheduler):
             rank = getattr(self.parallel_config, "data_parallel_rank", 0)
             # Counters come from the stats' per-class counts when the series are pushed (nothing per step).
             self._metrics.start(self._k, static, engine=str(rank), counts_source=self._stats.class_counts)
+            self._metrics.call("set_drafter_width", self._width.state)
         self._active = True
         logger.info(
             "PeagleScheduler: mode=%s K=%d parallel_drafting=%s lower_drafting_depth=%s skip_drafter=%s "
-            "async=%s stats=%s metrics=%s%s",
+            "async=%s stats=%s metrics=%s drafter_width=%s%s",
             config.mode, self._k, self._parallel, lower, self._skip, self._async, config.stats_path,
-            "on" if self._metrics.active else "off",
-            "" if self._width.reason is None else f" (drafter width: {self._width.reason})",
+            "on" if self._metrics.active else "off", self._width.state,
+            "" if self._width.reason is None else (
+                f" ({self._width.reason})" if self._width.lower_width
+                else f" (depth applied by trimming drafts: {self._width.reason})"),
         )
 
     def _drafter_handshake(self, config: PluginConfig) -> HandshakeResult:
         """Install the worker-side drafter-width patch in every worker (``collective_rpc``) and read what they
         prove; anything short of every worker answering gives trimming only."""
         if self._k == 0:
-            return HandshakeResult.refused("no speculative decoding configured")
+            return HandshakeResult.refused("no speculative decoding configured", "no_speculation")
         if not config.drafter_width_enabled:
-            return HandshakeResult.refused("drafter_width.enabled is false in the plugin config")
+            return HandshakeResult.refused("drafter_width.enabled is false in the plugin config", "disabled")
+        if getattr(self.vllm_config, "use_v2_model_runner", False):
+            return HandshakeResult.refused(
+                "vLLM runs its V2 model runner, whose drafter the worker patch does not handle; start the engine with "
+                "VLLM_USE_V2_MODEL_RUNNER=0 (policies.plugin.config.engine_env)", "v2_runner")
         self._executor = find_engine_executor()
         settings = config.drafter_width_settings()
         guard = PrefixCacheGuard.for_scheduler(self) if settings.prefix_cache_guard else None
@@ -318,8 +325,9 @@ class PeagleScheduler(Scheduler):
         self._set_drafter_always_runs(True)
         if self._stats is not None:
             info = self._stats.info.setdefault("drafter_width", {})
-            info.update({"fallback": reason, "lower_width": False, "skip_drafter": False})
+            info.update({"state": "fell_back", "fallback": reason, "lower_width": False, "skip_drafter": False})
             self._stats.info["lower_drafting_depth"] = self._rules.lower_drafting
+        self._metrics.call("set_drafter_width", "fell_back")
         if not self._width_fallback_logged:
             self._width_fallback_logged = True
             logger.error("PeagleScheduler: %s; the drafter drafts K=%d again and depth is applied by trimming.",
