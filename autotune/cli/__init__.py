@@ -11,6 +11,7 @@ import click
 from autotune import __version__
 from autotune.cli._common import errors
 from autotune.cli.db import db
+from autotune.cli.doctor import doctor
 from autotune.cli.export import export
 from autotune.cli.profile import profile
 from autotune.cli.report import report
@@ -56,7 +57,7 @@ def main(debug: bool, db_url: str | None) -> None:
     """
 
 
-for _command in (search, show, export, db, report, profile, serve, simulate):
+for _command in (search, show, export, db, report, profile, serve, simulate, doctor):
     main.add_command(_command)
 
 __all__ = ["main"]
