@@ -82,6 +82,16 @@ class Checkpoint:
         return self.repo_id + (f"@{self.revision}" if self.revision else "")
 
     @property
+    def launch_dir(self) -> Path | None:
+        """The directory a launch loads from: `local_dir`, or the cache snapshot `fetch_checkpoint` fills (the
+        snapshot of `commit`); None when the commit is not known."""
+        if self.local_dir is not None:
+            return self.local_dir
+        if self.repo_id is None or self.commit is None or self.cache_dir is None:
+            return None
+        return self.cache_dir / ("models--" + self.repo_id.replace("/", "--")) / "snapshots" / self.commit
+
+    @property
     def complete(self) -> bool:
         """True when a launch downloads nothing."""
         return self.missing_bytes == 0 and not self.missing_files and self.local_dir is not None

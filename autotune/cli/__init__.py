@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from autotune import __version__
-from autotune.cli._common import errors
+from autotune.cli._common import catalog_option, errors
 from autotune.cli.db import db
 from autotune.cli.doctor import doctor
 from autotune.cli.export import export
@@ -38,6 +38,7 @@ HELP_WIDTH = 400
 @click.option("--debug", is_flag=True, help="Show the traceback of an error instead of one line (or PEAGLE_DEBUG=1).")
 @click.option("--db", "db_url", default=None, metavar="URL",
               help="Database URL or SQLite file for every command (a command's own --db wins; env PEAGLE_DB).")
+@catalog_option
 def main(debug: bool, db_url: str | None) -> None:
     """Tune and serve speculative decoding (P-EAGLE / EAGLE-3) for vLLM.
 

@@ -150,6 +150,30 @@ db_option = click.option(
 )
 
 
+def _catalog(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """Load the user catalog now (one-line error when it is malformed) and hand it to engine processes too."""
+    if value is not None:
+        from autotune.catalogs import CATALOG_ENV_VAR, use_catalog
+
+        use_catalog(value)
+        os.environ[CATALOG_ENV_VAR] = os.pathsep.join(
+            p for p in (str(value.absolute()), os.environ.get(CATALOG_ENV_VAR, "")) if p
+        )
+    return value
+
+
+catalog_option = click.option(
+    "--catalog",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    expose_value=False,
+    callback=_catalog,
+    metavar="FILE",
+    help="A user catalog (YAML with models:, drafters:, gpus: as in the packaged catalogs) adding or overriding "
+    "entries (env PEAGLE_CATALOG).",
+)
+
+
 def open_store(db_url: str | None, *, writes: bool = False) -> Any:
     """The `Store` for --db (a URL or a SQLite file path; None: the default database).
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from autotune.cli._common import (
+    catalog_option,
     console,
     db_option,
     err_console,
@@ -98,6 +99,12 @@ if TYPE_CHECKING:
 @click.option("--heartbeat", type=int, default=60, show_default=True, metavar="SECONDS",
               help="Heartbeat of running trials; a worker silent for twice this has its trial failed and re-queued.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tensor-parallel-size", "tensor_parallel_size", type=click.IntRange(1, 64), default=1,
+              show_default=True, help="GPUs to split the target over (vLLM's --tensor-parallel-size); kept in every "
+              "config, so exports carry it.")
+@click.option("--no-download", is_flag=True,
+              help="Never download a checkpoint from the Hugging Face hub: refuse (--backend vllm) or predict instead.")
+@catalog_option
 @click.option("--fresh-launches", is_flag=True,
               help="vllm backend: launch an engine per config instead of one per drafter that measures every K.")
 @click.option("--wide", is_flag=True, help="Wider tables: full drafter ids, p99s, trial counts, engine launches.")
@@ -129,6 +136,8 @@ def search(
     storage: str | None,
     heartbeat: int,
     seed: int,
+    tensor_parallel_size: int,
+    no_download: bool,
     fresh_launches: bool,
     wide: bool,
     as_json: bool,
@@ -187,6 +196,8 @@ def search(
         heartbeat=heartbeat,
         seed=seed,
         fresh_launches=fresh_launches,
+        tensor_parallel_size=tensor_parallel_size,
+        no_download=no_download,
     )
     store = open_store(db_url, writes=True)
     out = err_console if as_json else console

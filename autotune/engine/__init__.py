@@ -51,7 +51,15 @@ from autotune.engine._drafters import (
     safe_draft_model_path,
 )
 from autotune.engine._failures import classify_failure, last_phase, read_log_tail, root_cause
-from autotune.engine._harness import FAULT_ENV, PHASE_MARK, EngineSession, enter, request_from_dict, worker_main
+from autotune.engine._harness import (
+    FAULT_ENV,
+    PHASE_MARK,
+    EngineSession,
+    enter,
+    request_from_dict,
+    request_latencies,
+    worker_main,
+)
 from autotune.engine._observe import LaunchEvent, LaunchObserver, observe_launches
 from autotune.engine._options import (
     ENGINE_CLI,
@@ -137,6 +145,7 @@ __all__ = [
     "read_log_tail",
     "remove_entry",
     "request_from_dict",
+    "request_latencies",
     "require_vllm",
     "root_cause",
     "run_directory",

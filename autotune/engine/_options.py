@@ -57,10 +57,14 @@ class EngineOptions:
     """Wall-clock limit per launch, engine start included; the process group is then killed."""
     ignore_eos: bool = False
     """Generate exactly max_tokens per request (steadier throughput figures)."""
+    checkpoint_dirs: Mapping[str, str] = field(default_factory=dict)
+    """Drafter name (a Hugging Face repo id, as configs and exports name it) -> the local snapshot a launch loads,
+    so engines load exactly the files resolved and downloaded before the search (`autotune.checkpoints`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine_extra", dict(self.engine_extra or {}))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in (self.env or {}).items()})
+        object.__setattr__(self, "checkpoint_dirs", dict(self.checkpoint_dirs or {}))
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, but got {self.timeout_s}.")
         if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib < 1:
@@ -76,7 +80,7 @@ class EngineOptions:
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ConfigError(f"Unknown engine option(s) {unknown}; the options are {sorted(known)}.")
-        for key in ("engine_extra", "env"):
+        for key in ("engine_extra", "env", "checkpoint_dirs"):
             if key in changes and changes[key] is None:
                 changes[key] = {}
         return dataclasses.replace(base or cls(), **changes)
@@ -97,6 +101,8 @@ class EngineOptions:
         keeps the drafter path as given (for describing a launch, e.g. `predict_variant`; see `config_args`).
         """
         args: dict[str, Any] = {"dtype": self.dtype}
+        if engine_paths and config.drafter is not None and config.drafter in self.checkpoint_dirs:
+            config = config.with_(drafter=self.checkpoint_dirs[config.drafter])
         args.update(config_args(config, max_num_seqs=max_num_seqs, speculative_extra=speculative_extra,
                                 engine_paths=engine_paths))
         if self.max_model_len is not None:
@@ -138,13 +144,15 @@ def config_args(
     create_paths: bool = True,
 ) -> dict[str, Any]:
     """What `config` decides of vLLM's arguments, in the order exports print them: max_num_seqs,
-    max_num_batched_tokens (when set), speculative_config (when speculating).
+    tensor_parallel_size (above 1), max_num_batched_tokens (when set), speculative_config (when speculating).
 
     ``engine_paths``: hand vLLM a neutral alias of a draft_model drafter whose path it would misread (for launches;
     exports keep the user's path). ``create_paths=False`` names that alias without creating it (dry runs; the
     launch creates it with `safe_draft_model_path`).
     """
     args: dict[str, Any] = {"max_num_seqs": config.max_num_seqs if max_num_seqs is None else max_num_seqs}
+    if config.tensor_parallel_size > 1:
+        args["tensor_parallel_size"] = config.tensor_parallel_size
     if config.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = config.max_num_batched_tokens
     spec = config.speculative_config()

@@ -21,6 +21,7 @@ from __future__ import annotations
 from autotune.errors import StudyStorageError
 from autotune.search.calibration import calibration_scales
 from autotune.search.events import EventCallback, SearchEvent
+from autotune.search.machine import choose_backend
 from autotune.search.model_guided import DEFAULT_NOISE, DEFAULT_PREDICTION_ERROR, ModelGuidedStrategy
 from autotune.search.objective import OBJECTIVES, SLO_METRICS, MissingFigureError, Objective, measurement_metrics
 from autotune.search.profiles import DrafterProfile, store_or_profile, stored_profile
@@ -31,7 +32,6 @@ from autotune.search.session import (
     SearchOptions,
     SearchPlan,
     SearchRun,
-    choose_backend,
     plan_search,
     resolve_strategy,
     run_search,

@@ -20,7 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.errors import BackendUnavailableError, UsageError
+from autotune.engine import EngineOptions
+from autotune.errors import UsageError
+from autotune.search.machine import (
+    Checkpoints,
+    check_fit,
+    choose_backend,
+    drafter_spec,
+    fetch,
+    launch_estimate,
+    resolve_drafters,
+    resolve_target,
+    sequence_tokens,
+)
 from autotune.search.objective import Objective
 from autotune.search.registry import make_strategy
 from autotune.search.result import ScenarioResult
@@ -70,6 +82,11 @@ class SearchOptions:
     seed: int = 0
     fresh_launches: bool = False
     """vllm backend: one engine launch per config instead of one per drafter (`autotune.backends.InLaunchBackend`)."""
+    tensor_parallel_size: int = 1
+    """GPUs the target is split over: handed to vLLM, kept in every config (so in provenance and exports), and the
+    model backend predicts for that many GPUs."""
+    no_download: bool = False
+    """Never download a checkpoint: a search that would needs one refuses (--backend vllm) or predicts (auto)."""
 
 
 @dataclass
@@ -107,9 +124,15 @@ class SearchPlan:
     environment: dict[str, Any]
     """Where the figures come from (device, vLLM version), stored with each recommendation."""
     searches: list[tuple[Search, Scenario]]
+    checkpoints: Checkpoints | None = None
+    """What the engines load (vllm backend); `run` downloads what is missing first."""
+    no_download: bool = False
 
     def run(self, run_scenario: ScenarioRunner | None = None) -> SearchRun:
-        """Search every scenario in order and store each feasible result as a recommendation."""
+        """Download what the engines need (unless --no-download), then search every scenario in order and store
+        each feasible result as a recommendation."""
+        if self.checkpoints is not None:
+            fetch(self.checkpoints, self.no_download)
         results: list[ScenarioResult] = []
         for search, scenario in self.searches:
             result = run_scenario(search, scenario) if run_scenario else search.run_scenario(scenario)
@@ -160,29 +183,6 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def choose_backend(requested: str, model_path: str | None) -> tuple[str, str]:
-    """Pick the backend and say why. vLLM needs an importable vllm and a model it can load (a local directory)."""
-    if requested == "model":
-        return "model", "--backend model"
-    has_vllm = vllm_importable()
-    if requested == "vllm":
-        if not has_vllm:
-            raise BackendUnavailableError(
-                "--backend vllm needs vLLM: install it with `pip install 'peagle-tune[vllm]'` on a GPU machine "
-                "or `pip install 'peagle-tune[cpu]'` for the CPU build."
-            )
-        if model_path is None:
-            raise UsageError(
-                "--backend vllm needs a model vLLM can load here: pass a local model directory to --model "
-                "(this machine cannot download from a model hub)."
-            )
-        return "vllm", "--backend vllm"
-    if has_vllm and model_path is not None:
-        return "vllm", "vLLM is installed and the model is a local directory"
-    why = "vLLM is not installed" if not has_vllm else "the model is not a local directory vLLM can load here"
-    return "model", f"{why}, so figures are predicted"
-
-
 def resolve_strategy(requested: str, backend: str, sampler: str | None = None, in_launch: bool = False) -> str:
     """``auto`` -> grid when every config is measured in its drafter's launch (each trial then costs no launch),
     model-guided with the vllm backend otherwise (a profile exists or one launch per drafter makes it), blackbox with
@@ -209,7 +209,8 @@ def resolve_space_spec(options: SearchOptions) -> SpaceSpec:
 
 
 def build_space(
-    spec: SpaceSpec, drafters: list[DrafterChoice], concurrency: int, in_launch: bool = False
+    spec: SpaceSpec, drafters: list[DrafterChoice], concurrency: int, in_launch: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> SearchSpace:
     k_max = spec.k_max if spec.k_max is not None else max(DEFAULT_K_MAX, spec.k_min or 1)
     return SearchSpace(
@@ -219,20 +220,23 @@ def build_space(
         max_num_seqs=tuple(spec.max_num_seqs or _default_seqs(concurrency, in_launch)),
         max_num_batched_tokens=tuple(spec.max_num_batched_tokens or (None,)),
         parallel_drafting=spec.parallel_drafting or "auto",
+        tensor_parallel_size=tensor_parallel_size,
     )
 
 
-def _drafter_specs(model_name: str, names: tuple[str, ...] | None, include_hypothetical: bool) -> list[Any]:
-    from autotune.catalogs import drafters_for, get_drafter
+def _drafter_specs(model: Any, names: tuple[str, ...] | None, include_hypothetical: bool) -> list[Any]:
+    """The drafters searched for target `model` (a ModelSpec): those named (catalog names, local directories or
+    Hugging Face repo ids), else the catalog's for the model."""
+    from autotune.catalogs import drafters_for
 
     if names:
-        specs = [get_drafter(n, target=model_name) for n in names]
+        specs = [drafter_spec(n, model) for n in names]
         if include_hypothetical:
             specs = [v for s in specs for v in s.variants()]
     else:
-        specs = drafters_for(model_name, include_hypothetical=include_hypothetical)
+        specs = drafters_for(model, include_hypothetical=include_hypothetical)
     if not specs:
-        raise UsageError(f"The catalog has no drafter for {model_name!r}; pass one with --drafter ID_OR_PATH.")
+        raise UsageError(f"The catalog has no drafter for {model.name!r}; pass one with --drafter ID_OR_PATH.")
     return specs
 
 
@@ -250,8 +254,11 @@ def _choice(spec: Any) -> DrafterChoice:
     )
 
 
-def _backend(kind: str, spec: Any, gpu_name: str | None, notes: list[str]) -> tuple[Backend, dict[str, Any]]:
-    """The backend of `kind` for target `spec`, and the environment its figures come from."""
+def _backend(
+    kind: str, spec: Any, gpu_name: str | None, notes: list[str], found: Checkpoints | None, tp: int
+) -> tuple[Backend, dict[str, Any]]:
+    """The backend of `kind` for target `spec` (launching from `found`'s checkpoints), and the environment its
+    figures come from."""
     from autotune.catalogs import default_gpu, get_gpu
 
     if kind == "model":
@@ -262,14 +269,40 @@ def _backend(kind: str, spec: Any, gpu_name: str | None, notes: list[str]) -> tu
             notes.append(f"No --gpu given: assumed {gpu.display_name}.")
         elif gpu_name.strip().lower() != gpu.key:
             notes.append(f"--gpu {gpu_name.strip()!r} is the catalog's {gpu.key} ({gpu.display_name}).")
-        return ModelBackend(spec, gpu), {"device": gpu.display_name, "vllm_version": None}
+        device = gpu.display_name if tp == 1 else f"{tp} x {gpu.display_name}"
+        return ModelBackend(spec, gpu, tp=tp), {"device": device, "vllm_version": None}
     from autotune.backends.vllm import VLLMBackend
     from autotune.environment import detect_environment
 
+    assert found is not None and found.target is not None
     environment = detect_environment()
-    if gpu_name:
-        notes.append(f"--gpu {gpu_name} ignored: the vLLM backend measures on this machine ({environment['device']}).")
-    return VLLMBackend(model=str(spec.local_path)), environment
+    target = found.target.launch_dir or found.target.repo_id
+    dirs = {name: str(c.launch_dir) for name, c in found.drafters.items() if c.repo_id and c.launch_dir}
+    return VLLMBackend(model=str(target), checkpoint_dirs=dirs), environment
+
+
+def _check_gpu_flag(gpu: str | None) -> None:
+    """A --gpu that contradicts the GPUs NVML finds is an error when measuring (the figures would be this
+    machine's, labelled as another GPU's)."""
+    from autotune.environment import detect_gpus, gpu_flag_conflict
+
+    if gpu:
+        conflict = gpu_flag_conflict(gpu, detect_gpus())
+        if conflict:
+            raise UsageError(conflict + ".")
+
+
+def _device_line(environment: dict[str, Any]) -> str:
+    """Where the search measures, in one line."""
+    from autotune.environment import detect_gpus
+
+    gpus = detect_gpus()
+    version = environment.get("vllm_version")
+    if not gpus:
+        return f"Device: CPU (NVML finds no NVIDIA GPU); vLLM {version}."
+    memory = gpus[0].get("memory_bytes")
+    each = f", {memory / 1e9:.0f} GB each" if memory else ""
+    return f"Device: {len(gpus)} x {gpus[0]['name']}{each} (NVML, driver {gpus[0]['driver']}); vLLM {version}."
 
 
 def _predictable(specs: list[Any], model: str, notes: list[str]) -> list[Any]:
@@ -289,34 +322,41 @@ def _predictable(specs: list[Any], model: str, notes: list[str]) -> list[Any]:
     return specs
 
 
+def _scenario(kind: str, concurrency: int, workload: Workload) -> Scenario:
+    """The scenario searched at `concurrency`. Measured (vllm), a closed loop of at least 4 requests per slot, so
+    a small workload still keeps `concurrency` requests in flight for most of the phase (its requests repeat)."""
+    if kind != "vllm":
+        return Scenario(concurrency=concurrency)
+    return Scenario(concurrency=concurrency, num_prompts=max(len(workload.requests()), 4 * concurrency))
+
+
 def _in_launch(
-    fresh: Backend, spaces: list[SearchSpace], concurrencies: list[int], workload: Workload, notes: list[str]
-) -> tuple[Backend, int]:
-    """`fresh` (a `VLLMBackend`) wrapped so every static K of a drafter is measured in one launch, and how many
-    configs need a launch of their own; says the launches it plans in `notes`."""
+    fresh: Backend, spaces: list[SearchSpace], scenarios: list[Scenario], workload: Workload, notes: list[str]
+) -> tuple[Backend, int, int]:
+    """`fresh` (a `VLLMBackend`) wrapped so every static K of a drafter is measured in one launch, the launches
+    that measure in-launch, and how many configs need a launch of their own; says the launches it plans in
+    `notes`."""
     from autotune.backends.in_launch import InLaunchBackend
     from autotune.backends.vllm import VLLMBackend
 
     assert isinstance(fresh, VLLMBackend)
     ks = range(min(s.k_min for s in spaces), max(s.k_max for s in spaces) + 1)
-    scenarios = [Scenario(concurrency=c) for c in concurrencies]
     backend = InLaunchBackend(fresh, scenarios, ks, workload)
     shared, own = backend.planned_launches([(sc, sp.grid()) for sc, sp in zip(scenarios, spaces, strict=True)])
     notes.append(
         f"Launches planned: {shared} (one per drafter and drafting mode at K_max={backend.k_max}, measuring every K "
-        f"at every concurrency, and one without speculation) + up to {len(concurrencies)} to confirm each "
+        f"at every concurrency, and one without speculation) + up to {len(scenarios)} to confirm each "
         "concurrency's best config in a fresh launch of exactly that config."
     )
     if own:
         notes.append(f"{own} configs fall outside a drafter's launch (max_num_seqs below the concurrency, "
                      "max_num_batched_tokens): one launch each if the search measures them.")
-    return backend, own
+    return backend, shared, own
 
 
 def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
     anything is measured."""
-    from autotune.catalogs import resolve_model
     from autotune.workloads import load_workload
 
     objective = Objective(options.objective, options.slo_tpot_p99_ms, options.slo_ttft_p99_ms)
@@ -325,26 +365,54 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     if options.trials is not None and options.trials < 1:
         raise UsageError(f"--trials must be >= 1, but got {options.trials}.")
     spec_space = resolve_space_spec(options)
-    spec = resolve_model(options.model)
+    has_vllm = vllm_importable()
+    measuring = options.backend != "model" and has_vllm
+    spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
     workload = load_workload(options.workload)
-    kind, why = choose_backend(options.backend, spec.local_path)
     notes: list[str] = []
-    backend, environment = _backend(kind, spec, options.gpu, notes)
+    found, memory = None, None
+    if measuring:
+        found = Checkpoints(target=target, problem=problem)
+        _check_gpu_flag(options.gpu)
+        if not found.problem:
+            released = _drafter_specs(spec, spec_space.drafters, include_hypothetical=False)
+            resolve_drafters([str(d.local_path or d.name) for d in released if d.published], found)
+        if not found.problem:
+            memory = check_fit(
+                found, seqs=max(options.concurrencies),
+                tokens=sequence_tokens(workload, None, found.target.config),
+                tensor_parallel_size=options.tensor_parallel_size, gpu_memory_utilization=None,
+                cpu_kv_cache_gib=EngineOptions().cpu_kv_cache_gib,
+            )
+    kind, why = choose_backend(options.backend, has_vllm=has_vllm, found=found, memory=memory,
+                               no_download=options.no_download)
+    backend, environment = _backend(kind, spec, options.gpu, notes, found, options.tensor_parallel_size)
+    if kind == "vllm":
+        assert found is not None
+        notes.append(_device_line(environment))
+        notes += [f"Checkpoint: {line}" for line in found.lines()]
+        if memory is not None:
+            notes.append(f"Memory: {memory.message}")
     include = spec_space.include_hypothetical
     if include is None:
         # The catalog's drafters on a backend that predicts: their layer variants too, so 2 vs 4 layers is compared.
         # Drafters named with --drafter are searched as named.
         include = backend.capabilities.predicts and not spec_space.drafters
-    specs = _drafter_specs(spec.name, spec_space.drafters, include)
+    specs = _drafter_specs(spec, spec_space.drafters, include)
     if backend.capabilities.predicts:
         specs = _predictable(specs, spec.name, notes)
     drafters = [_choice(d) for d in specs]
     in_launch = kind == "vllm" and not options.fresh_launches
-    spaces = [build_space(spec_space, drafters, c, in_launch) for c in options.concurrencies]
+    spaces = [build_space(spec_space, drafters, c, in_launch, options.tensor_parallel_size)
+              for c in options.concurrencies]
+    scenarios = [_scenario(kind, c, workload) for c in options.concurrencies]
     all_in_launch = False
     if in_launch:
-        backend, own = _in_launch(backend, spaces, options.concurrencies, workload, notes)
+        backend, shared, own = _in_launch(backend, spaces, scenarios, workload, notes)
         all_in_launch = own == 0
+        assert found is not None
+        launches = shared + len(options.concurrencies) + own
+        notes.append(f"Time: {launch_estimate(launches, found, environment['gpu_count'] > 0)}.")
     strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler, all_in_launch),
                              options.sampler)
     hypothetical = [d.name for d in drafters if d.hypothetical]
@@ -370,12 +438,12 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
                 n_trials=options.trials, seed=options.seed, study_prefix=options.study, storage_url=options.storage,
                 heartbeat_interval=options.heartbeat, profile_concurrencies=tuple(options.concurrencies),
             ),
-            Scenario(concurrency=concurrency),
+            scenario,
         )
-        for concurrency, space in zip(options.concurrencies, spaces, strict=True)
+        for scenario, space in zip(scenarios, spaces, strict=True)
     ]
     return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
-                      searches)
+                      searches, found if kind == "vllm" else None, options.no_download)
 
 
 def run_search(store: Store, options: SearchOptions, run_scenario: ScenarioRunner | None = None) -> SearchRun:
