@@ -89,6 +89,7 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     from policies.plugin import CLASS_KEY, PHASE_KEY, engine_kwargs
+    from policies.plugin.drafter_width import DRAFTER_WIDTH_STATES
 
     kwargs: dict[str, Any] = {
         "model": job["target"], "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0,
@@ -125,6 +126,12 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         result["workers"] = llm.collective_rpc("peagle_drafter_width_counters")
     except Exception as exc:  # the engine without the extension has no such method
         result["workers"] = f"{type(exc).__name__}: {exc}"
+    if not job.get("multiproc"):  # the engine core ran in this process: its peagle:* series are in this registry
+        from prometheus_client import REGISTRY
+
+        result["width_metric"] = [REGISTRY.get_sample_value("peagle:drafter_width_active", {"engine": "0"}), [
+            s for s in DRAFTER_WIDTH_STATES
+            if REGISTRY.get_sample_value("peagle:drafter_width_state", {"engine": "0", "state": s}) == 1]]
     return result
 
 
@@ -266,6 +273,7 @@ def test_the_handshake_proves_the_patch_and_the_drafter_drafts_the_planned_width
 ) -> None:
     info = runs["lowered"]["stats"].info
     assert info["drafter_width"]["lower_width"] is True and info["drafter_width"]["skip_drafter"] is True
+    assert info["drafter_width"]["state"] == "active" and runs["lowered"]["width_metric"] == [1, ["active"]]
     assert info["lower_drafting_depth"] is True
     counters = _worker(runs["lowered"])
     assert counters["installed"] and not counters["disabled"] and counters["faults"] == 0
@@ -299,6 +307,8 @@ def test_off_steps_happen_and_requests_that_resume_drafting_still_accept(runs: d
     assert drafts > 0 and accepted[0] / drafts > 0.85
     trimmed_steps = runs["trimmed"]["stats"]
     assert trimmed_steps.info["drafter_width"]["lower_width"] is False  # disabled in its config: pure trimming
+    assert trimmed_steps.info["drafter_width"]["state"] == "disabled"
+    assert runs["trimmed"]["width_metric"] == [0, ["disabled"]]
 
 
 def test_step_time_falls_with_the_drafting_width(runs: dict[str, dict[str, Any]]) -> None:
@@ -323,6 +333,7 @@ def test_step_time_falls_with_the_drafting_width(runs: dict[str, dict[str, Any]]
 def test_without_the_worker_extension_the_plugin_trims(runs: dict[str, dict[str, Any]]) -> None:
     info = runs["absent"]["stats"].info["drafter_width"]
     assert info["lower_width"] is False and "worker_extension_cls" in (info["reason"] or ""), info
+    assert info["state"] == "install_failed" and runs["absent"]["width_metric"] == [0, ["install_failed"]]
     assert runs["absent"]["stats"].info["lower_drafting_depth"] is False  # parallel drafting keeps K
     assert not isinstance(runs["absent"]["workers"], list)  # the workers have no drafter-width RPC at all
     assert _acceptance_by_depth(runs["absent"]) == _acceptance_by_depth(runs["trimmed"])
@@ -334,6 +345,7 @@ def test_an_injected_worker_fault_falls_back_to_trimming(runs: dict[str, dict[st
     assert counters["disabled"] and counters["faults"] == 1
     fallback = stats.info["drafter_width"]
     assert "planned" in fallback["fallback"] and fallback["lower_width"] is False, fallback
+    assert fallback["state"] == "fell_back" and runs["fault"]["width_metric"] == [0, ["fell_back"]]
     assert "fault='propose' test hook" in runs["fault"]["log"]
     # Before the fault nothing was skipped (width 4 first), after it vLLM drafts K and the plugin trims: the
     # accepted drafts are the trimmed run's.
