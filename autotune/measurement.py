@@ -35,10 +35,15 @@ class Provenance:
     """For measurements: vLLM's CUDA-graph mode (NONE, PIECEWISE, FULL_AND_PIECEWISE, ...); None: not recorded."""
     async_scheduling: bool | None = None
     """For measurements: whether vLLM scheduled asynchronously; None: not recorded."""
+    tensor_parallel_size: int | None = None
+    """GPUs the target was split over (measured: vLLM's tensor_parallel_size; predicted: the GPUs assumed); None:
+    one, or not recorded."""
 
     def describe(self) -> str:
         if self.kind == "measured":
             runner = f", {self.model_runner.upper()} model runner" if self.model_runner else ""
+            if self.tensor_parallel_size and self.tensor_parallel_size > 1:
+                runner += f", tensor parallel {self.tensor_parallel_size}"
             return f"measured on {self.device} (vLLM {self.vllm_version}{runner}, {self.date[:10]})"
         return f"predicted by the {self.backend} backend for {self.device} from {self.profile}"
 

@@ -27,7 +27,7 @@ from autotune.backends.base import Backend, Capabilities
 from autotune.backends.vllm import VLLMBackend, select_requests
 from autotune.engine import EngineOptions, measured_provenance, require_vllm
 from autotune.errors import ConfigError
-from autotune.measurement import FailureKind, Measurement
+from autotune.measurement import FailureKind, Measurement, Provenance
 from autotune.spec import Method, Scenario, SpecConfig
 from autotune.workloads import Workload
 
@@ -61,6 +61,7 @@ class _Launch:
     """One launch's figures: engine report per (K, scenario) in the offline job's format, or why it failed."""
 
     ok: bool
+    provenance: Provenance
     reports: dict[tuple[int, Scenario], dict[str, Any]] = field(default_factory=dict)
     failure: tuple[FailureKind, str, str | None] | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -153,11 +154,10 @@ class InLaunchBackend(Backend):
         require_vllm("The vllm backend", ", or use the model backend (--backend model)")
         if not self.in_launch(config, workload, scenario):
             return self._fresh(config, workload, scenario)
-        provenance = measured_provenance()
         try:
             self.fresh.validate(config)
         except ConfigError as exc:
-            return Measurement.failed(config, scenario, provenance, "invalid_config", str(exc))
+            return Measurement.failed(config, scenario, measured_provenance(), "invalid_config", str(exc))
         key = DrafterKey.of(config)
         launch = self._launches.get(key)
         if launch is None:
@@ -165,7 +165,8 @@ class InLaunchBackend(Backend):
         if not launch.ok:
             assert launch.failure is not None
             kind, reason, log = launch.failure
-            m = Measurement.failed(config, scenario, provenance, kind, f"the launch of {key.label()}: {reason}", log)
+            m = Measurement.failed(config, scenario, launch.provenance, kind, f"the launch of {key.label()}: {reason}",
+                                   log)
             m.extra["in_launch"] = dict(launch.info)
             return m
         k = config.k if config.speculative else 0
@@ -174,7 +175,7 @@ class InLaunchBackend(Backend):
             "engine_max_num_seqs": self.engine_max_num_seqs,
             "in_launch": {**launch.info, "depth": k},
         }
-        return self.fresh.measurement(config, scenario, provenance, launch.reports[(k, scenario)], extra)
+        return self.fresh.measurement(config, scenario, launch.provenance, launch.reports[(k, scenario)], extra)
 
     def confirm(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement | None:
         """A fresh launch of exactly `config`, unless its figure already came from one set up that way: a config
@@ -212,7 +213,7 @@ class InLaunchBackend(Backend):
         return phases, keys
 
     def _launch(self, key: DrafterKey, workload: Workload) -> _Launch:
-        from autotune.profiling import run_plugin_job
+        from autotune.profiling import plugin_provenance, run_plugin_job
         from policies.plugin import PluginConfig
 
         depths: Sequence[int] = self.ks if key.drafter is not None else (0,)
@@ -226,10 +227,11 @@ class InLaunchBackend(Backend):
         self._count += 1
         what = f"K_max={self.k_max}, K in {list(depths)}" if key.drafter is not None else "the baseline"
         self.say(f"launching vLLM for {key.label()}: {what}, {len(phases)} phases")
-        run = run_plugin_job(
-            self.fresh.model, self.fresh.options.llm_kwargs(config, max_num_seqs=seqs), phases,
-            PluginConfig(mode="static"), warmup=warmup, options=self.fresh.options, log_dir=self.fresh.log_dir,
-        )
+        kwargs = self.fresh.options.llm_kwargs(config, max_num_seqs=seqs)
+        provenance = plugin_provenance(self.fresh.options.llm_kwargs(config, max_num_seqs=seqs, engine_paths=False),
+                                       self.fresh.options)
+        run = run_plugin_job(self.fresh.model, kwargs, phases, PluginConfig(mode="static"), warmup=warmup,
+                             options=self.fresh.options, log_dir=self.fresh.log_dir)
         info: dict[str, Any] = {"engine_k": config.k, "engine_max_num_seqs": seqs, "launch": self._count,
                                 "load_s": (run.result.get("timings") or {}).get("load_s"), "total_s": run.total_s}
         if run.stats is not None and key.drafter is not None:
@@ -239,7 +241,8 @@ class InLaunchBackend(Backend):
                 info["drafter_width_fallback"] = str(width["fallback"])
         if not run.ok:
             reason = run.failure_reason or "the engine failed"
-            return _Launch(False, failure=(run.failure_kind or "engine_died", reason, run.log_tail), info=info)
+            return _Launch(False, provenance, failure=(run.failure_kind or "engine_died", reason, run.log_tail),
+                           info=info)
         reports: dict[tuple[int, Scenario], dict[str, Any]] = {}
         for (k, scenario, cls), phase in zip(keys, run.result["phases"], strict=True):
             report = reports.setdefault((k, scenario), {"classes": {}, "timings": run.result.get("timings", {})})
@@ -248,4 +251,4 @@ class InLaunchBackend(Backend):
                 "output_tokens": phase["output_tokens"], "ttft_ms": phase["ttft_ms"], "tpot_ms": phase["tpot_ms"],
                 "spec": phase["spec"],
             }
-        return _Launch(True, reports, info=info)
+        return _Launch(True, provenance, reports, info=info)

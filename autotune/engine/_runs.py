@@ -76,6 +76,7 @@ def measured_provenance(
         model_runner=None if variant is None else variant.model_runner,
         cudagraph_mode=None if variant is None else variant.cudagraph_mode,
         async_scheduling=None if variant is None else variant.async_scheduling,
+        tensor_parallel_size=int((engine_args or {}).get("tensor_parallel_size") or 1) if engine_args else None,
     )
 
 

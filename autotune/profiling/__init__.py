@@ -21,7 +21,7 @@ from autotune.profiling._analysis import (
     predictor_from_profile,
     step_cost_entries,
 )
-from autotune.profiling._plugin_run import EngineRun, run_plugin_job
+from autotune.profiling._plugin_run import EngineRun, plugin_provenance, run_plugin_job
 from autotune.profiling._predicted import predicted_goodput, predicted_step_costs, roofline_cost_model
 from autotune.profiling._profile import DEFAULT_CONCURRENCIES, DEFAULT_MAX_K, profile
 from autotune.profiling._result import ProfileResult, store_profile
@@ -35,6 +35,7 @@ __all__ = [
     "fit_cost_model",
     "metrics_check",
     "phase_totals",
+    "plugin_provenance",
     "predicted_goodput",
     "predicted_step_costs",
     "predictor_from_profile",
