@@ -128,3 +128,12 @@ def test_planned_launches_count_one_per_drafter_mode_plus_the_baseline() -> None
     assert shared == 3  # parallel, sequential, no speculation
     assert own == 6  # max_num_seqs 4 < concurrency 8: K 1..3 x two modes
     assert DrafterKey.of(SpecConfig()).label() == "no speculation"
+
+
+def test_a_rerun_reads_the_confirmation_instead_of_launching_again(tmp_path: Path) -> None:
+    first = _run(tmp_path, Confirming(0.97))
+    again = Confirming(0.5)  # a second launch would give another figure
+    second = _run(tmp_path, again)
+    assert again.confirmed == []
+    assert second.best.output_tokens_per_s == first.best.output_tokens_per_s
+    assert second.confirmation == first.confirmation

@@ -300,6 +300,8 @@ def print_results(run: SearchRun, console: Console, store: Any, *, wide: bool = 
             gain = faster.output_tokens_per_s / r.best.output_tokens_per_s - 1
             _say(console, f"{c}: the HYPOTHETICAL {faster.drafter} ({faster.layers}L) is predicted {gain:.0%} faster "
                  f"(K={faster.k}); not recommended: no checkpoint exists to serve it.", "yellow")
+        if r.confirmation is not None:
+            _say(console, f"{c}: {_confirmation_text(r.confirmation)}")
         if r.n_running:
             _say(console, f"{c}: {r.n_running} trials still running on other workers.")
         report = r.strategy_report
@@ -357,6 +359,16 @@ def _stored_lines(run: SearchRun, console: Console, store: Any) -> None:
     else:
         _say(console, "Next: `peagle-tune export --format vllm-json` (the --speculative-config JSON), or "
              "--format yaml for `vllm serve --config`.")
+
+
+def _confirmation_text(note: dict[str, Any]) -> str:
+    """One line on the fresh launch that confirmed an in-launch best config."""
+    fresh, in_launch = note.get("fresh_tokens_per_s"), note.get("in_launch_tokens_per_s")
+    figures = (f"{fresh:.1f} tok/s in a fresh launch against {in_launch:.1f} in its drafter's launch "
+               f"({fresh / in_launch:.2f}x)" if fresh and in_launch else "the fresh launch failed")
+    if note.get("recommended") == "confirmed":
+        return f"{note.get('config')} confirmed: {figures}; the fresh figure is the one stored and exported."
+    return f"{note.get('config')} not confirmed ({note.get('why')}): no speculation is recommended instead."
 
 
 def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:

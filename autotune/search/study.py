@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 DUPLICATE_STREAK_LIMIT = 8
 
 
+#: Study attribute prefix of a confirming launch's measurement (followed by the config as JSON).
+CONFIRMATION_ATTR = "peagle_confirmation:"
+
+
 def study_name_for(prefix: str, scenario: Scenario) -> str:
     return f"{prefix}-c{scenario.concurrency}"
 
@@ -421,7 +425,7 @@ class Search:
         result.strategy_report = report
         result.profile_launches = int(report.get("profile_launches", 0))
         if result.feasible:
-            confirmed = self.backend.confirm(result.best.config, self.workload, run.scenario)
+            confirmed = self._confirmation(run, result.best.config)
             if confirmed is not None:
                 self._confirm(result, confirmed)
         config = result.best.config
@@ -431,6 +435,21 @@ class Search:
             )
             result.class_policy = depths.class_caps(self.backend, config, self.workload, run.scenario, self.space)
         return result
+
+    def _confirmation(self, run: _Run, config: SpecConfig) -> Measurement | None:
+        """The backend's confirming launch of `config` (`Backend.confirm`), kept in the study, so a re-run of a
+        finished search (or another worker) reads it instead of launching again."""
+        key = CONFIRMATION_ATTR + json.dumps(config.to_dict(), sort_keys=True)
+        stored = run.study.user_attrs.get(key)
+        if isinstance(stored, dict):
+            try:
+                return Measurement.from_dict(stored)
+            except (TypeError, ValueError, KeyError):
+                pass  # unreadable (another version): launch again
+        fresh = self.backend.confirm(config, self.workload, run.scenario)
+        if fresh is not None:
+            run.study.set_user_attr(key, slim(fresh))
+        return fresh
 
     def _confirm(self, result: ScenarioResult, fresh: Measurement) -> None:
         """Recommend `fresh` (the best config launched as it would be served) in place of its in-launch figure; if
