@@ -1,9 +1,12 @@
 """What a scenario's search returns, and the rules that pick its recommendation from the finished trials.
 
 Picking: the best feasible trial (highest tokens/s, or lowest TPOT p50 for latency; the Pareto front's
-highest-throughput point for pareto); ties within 0.1% go to the smallest K, then max_num_seqs closest to the
-concurrency, which serve the same with less verification work and memory. When no trial meets the SLOs the one
-closest to them (smallest total violation) is shown and marked infeasible: it is never recommended.
+highest-throughput point for pareto); ties within 0.1% go to a max_num_seqs no larger than the concurrency (more
+sequences than clients only pays when it beats every such config by more than 0.1%), then the smallest K, then
+max_num_seqs closest to the concurrency, which serve the same with less verification work and memory. A pick above
+the concurrency is also compared with the same config at the concurrency (measured if no trial tried it), which it
+must beat by more than 0.1%. When no trial meets the SLOs the one closest to them (smallest total violation) is
+shown and marked infeasible: it is never recommended.
 
 Hypothetical drafters (unreleased layer variants, predicted only) take part in the search so the comparison can
 answer "would a 2-layer head be faster?", but a recommendation is something vLLM can load: it is picked among
@@ -13,6 +16,7 @@ the space holds nothing else). `ScenarioResult.per_drafter` keeps every variant'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.compare import DrafterBest, TrialOutcome, per_drafter
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
-from autotune.search.objective import Objective, measurement_metrics
+from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
 from autotune.search.schedule import ScheduleEntry
 from autotune.search.space import SearchSpace
 from autotune.search.trials import counted, feasible, trial_config, trial_info, trial_measurement, violation
@@ -166,7 +170,8 @@ def rule(objective: Objective, feasible: bool) -> str:
             "recommended"
         )
     meeting = f" among configs meeting {slos}" if slos else ""
-    tie = "; ties within 0.1% go to the smallest K, then max_num_seqs closest to the concurrency"
+    tie = ("; ties within 0.1% go to max_num_seqs <= the concurrency, then the smallest K, then max_num_seqs "
+           "closest to the concurrency")
     if objective.multi:
         return f"the Pareto front's highest-throughput point{meeting}{tie}"
     what = "lowest TPOT p50" if objective.name == "latency" else "highest output tokens/s"
@@ -284,11 +289,16 @@ def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
     return min(complete, key=lambda t: (violation(t), t.number))
 
 
-def _tie_key(scenario: Scenario, config_of: ConfigOf) -> Callable[[FrozenTrial], tuple[int, int, int]]:
-    def key(t: FrozenTrial) -> tuple[int, int, int]:
+def _tie_key(scenario: Scenario, config_of: ConfigOf) -> Callable[[FrozenTrial], tuple[bool, int, int, int]]:
+    """Among tied trials: max_num_seqs within the concurrency first (more sequences than clients are never in flight,
+    so a config above it is chosen only when it pays more than the tie margin), then the smallest K, then
+    max_num_seqs closest to the concurrency (the smaller of two as close)."""
+
+    def key(t: FrozenTrial) -> tuple[bool, int, int, int]:
         c = config_of(t)
         assert c is not None
-        return (c.k, abs(c.max_num_seqs - scenario.concurrency), c.max_num_seqs)
+        return (c.max_num_seqs > scenario.concurrency, c.k, abs(c.max_num_seqs - scenario.concurrency),
+                c.max_num_seqs)
 
     return key
 
@@ -332,6 +342,15 @@ def summarize(
     config = config_of(chosen)
     assert config is not None
     best = trial_measurement(chosen) or measure(config)
+    constraints = dict(chosen.constraints)
+    per_variant = drafter_comparison(objective, complete, space, config_of)
+    twin = _within_concurrency(config, scenario, space)
+    if ok and twin is not None:  # the sampler may never have tried the same config at the concurrency
+        candidate = lookup(twin)
+        if _no_worse(objective, candidate, best):
+            per_variant = [_moved(row, twin, candidate) if row.best_config == config else row for row in per_variant]
+            best, config = candidate, twin
+            constraints = objective.constraints(measurement_metrics(candidate))
     seqs, mnbt = config.max_num_seqs, config.max_num_batched_tokens
     baseline = lookup(space.no_spec(seqs, mnbt))
     choice = space.names.get(str(config.drafter)) if config.speculative else None
@@ -357,9 +376,47 @@ def summarize(
             f"{hypo.name} is HYPOTHETICAL ({hypo.note or 'an unreleased variant'}): no checkpoint exists, so vLLM "
             "cannot serve it" if hypo else None
         ),
-        constraints=dict(chosen.constraints),
-        per_drafter=drafter_comparison(objective, complete, space, config_of),
+        constraints=constraints,
+        per_drafter=per_variant,
     )
+
+
+def _moved(row: DrafterBest, config: SpecConfig, m: Measurement) -> DrafterBest:
+    """A variant's best `row` at `config` (the same config within the concurrency), with `m`'s figures."""
+    tps = m.output_tokens_per_s
+    if not tps or not row.output_tokens_per_s:
+        return dataclasses.replace(row, best_config=config)
+    ratio = tps / row.output_tokens_per_s
+    return dataclasses.replace(
+        row, best_config=config, output_tokens_per_s=tps,
+        speedup_vs_no_spec=None if row.speedup_vs_no_spec is None else row.speedup_vs_no_spec * ratio,
+        speedup_vs_eagle3=None if row.speedup_vs_eagle3 is None or row.is_eagle3_reference
+        else row.speedup_vs_eagle3 * ratio,
+    )
+
+
+def _within_concurrency(config: SpecConfig, scenario: Scenario, space: SearchSpace) -> SpecConfig | None:
+    """`config` at the largest max_num_seqs of the space within the concurrency, when `config` runs more sequences
+    than the concurrency ever puts in flight; None otherwise (or when the space has no such max_num_seqs)."""
+    if config.max_num_seqs <= scenario.concurrency:
+        return None
+    fits = [s for s in space.max_num_seqs if s <= scenario.concurrency]
+    return config.with_(max_num_seqs=max(fits)) if fits else None
+
+
+def _no_worse(objective: Objective, candidate: Measurement, best: Measurement) -> bool:
+    """Does `candidate` meet the SLOs and come within the tie margin of `best` on every objective value?"""
+    if not candidate.ok:
+        return False
+    ours, theirs = measurement_metrics(candidate), measurement_metrics(best)
+    if not objective.feasible(ours):
+        return False
+    try:
+        mine, top = objective.values(ours), objective.values(theirs)
+    except MissingFigureError:
+        return False
+    signs = [1.0 if d == "maximize" else -1.0 for d in objective.directions]
+    return all(s * a >= s * b - abs(b) * TIE for s, a, b in zip(signs, mine, top, strict=True))
 
 
 def _point(space: SearchSpace, t: FrozenTrial) -> ParetoPoint:
