@@ -19,6 +19,7 @@ from autotune.catalogs._user_catalog import UserCatalog, active_catalogs
 from autotune.catalogs._user_catalog import load_user_catalog as _load_user_catalog
 from autotune.catalogs._user_catalog import use_catalog as _use_catalog
 from autotune.errors import ConfigError, PeagleError, UnknownModelError
+from autotune.names import did_you_mean
 from policies import load_yaml_text
 
 #: Catalog key of the default GPU (see `default_gpu`).
@@ -188,9 +189,10 @@ def _unknown_gpu(name: str, family: str | None, closest: GPUSpec | None) -> Unkn
                 f"pass --gpu {closest.key} to predict with its figures.")
     elif family and family.startswith(("gb", "gh")):
         hint = " Grace superchips (GB200, GH200) are not in the catalog; --gpu b200 or h200 is the nearest GPU."
+    guess = "" if closest is not None else did_you_mean(name, {n: g.key for g in _gpus() for n in (g.key, *g.aliases)})
     return UnknownModelError(
-        f"unknown GPU {name!r}: known GPUs are {known}. Names as nvidia-smi prints them (\"NVIDIA H100 80GB HBM3\", "
-        f"\"NVIDIA H100 PCIe\") and forms like h100-sxm, \"H100 SXM\" or a100-40gb work too.{hint}"
+        f"unknown GPU {name!r}: {guess}known GPUs are {known}. Names as nvidia-smi prints them (\"NVIDIA H100 80GB "
+        f"HBM3\", \"NVIDIA H100 PCIe\") and forms like h100-sxm, \"H100 SXM\" or a100-40gb work too.{hint}"
     )
 
 
@@ -262,9 +264,22 @@ def _unknown_model(name: str) -> UnknownModelError:
         )
     known = _names([(m.name, m.aliases) for m in _models()])
     return UnknownModelError(
-        f"unknown model {name!r}: known models are {known}; a local path to a Hugging Face model directory "
-        "(with config.json) also works."
+        f"unknown model {name!r}: {did_you_mean(name, model_names())}known models are {known}; a local path to a "
+        "Hugging Face model directory (with config.json) also works (`peagle-tune list models`)."
     )
+
+
+def model_names() -> dict[str, str]:
+    """Every name a catalog model is known by (id, aliases) -> the name suggestions show for it (its id without the
+    organisation)."""
+    return {n: m.name.rsplit("/", 1)[-1] for m in _models() for n in (m.name, *m.aliases)}
+
+
+def drafter_names(target: ModelSpec | None = None) -> dict[str, str]:
+    """Every name a catalog drafter (of `target`, if given) is known by (id, aliases) -> the name suggestions show
+    for it (its id)."""
+    return {n: d.name for d in _drafters() if target is None or d.target == target.name
+            for n in (d.name, *d.aliases)}
 
 
 def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
@@ -328,10 +343,13 @@ def get_drafter(name_or_path: str, target: str | ModelSpec | None = None) -> Dra
         return drafter_from_config(read_config(local), local, target_spec.name if target_spec else None)
     drafter = _find_drafter(name_or_path)
     if drafter is None:
-        known = _names([(d.name, d.aliases) for d in _drafters()])
+        mine = [d for d in _drafters() if target_spec is None or d.target == target_spec.name]
+        known = ", ".join(d.name for d in mine) or "none in the catalog"
+        whose = f" for {target_spec.name}" if target_spec is not None else ""
+        guess = did_you_mean(name_or_path, drafter_names(target_spec)) or did_you_mean(name_or_path, drafter_names())
         raise UnknownModelError(
-            f"unknown drafter {name_or_path!r}: known drafters are {known}; a local path to a Hugging Face drafter "
-            "directory (with config.json) also works."
+            f"unknown drafter {name_or_path!r}: {guess}known drafters{whose} are {known}; a local path to a Hugging "
+            "Face drafter directory (with config.json) also works (`peagle-tune list drafters`)."
         )
     if target_spec is not None and drafter.target != target_spec.name:
         others = ", ".join(d.name for d in drafters_for(target_spec)) or "none in the catalog"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import WorkloadError
+from autotune.names import did_you_mean
 from autotune.workloads._parse import (
     DEFAULT_CLASS,
     JSONL_EXPECTED,
@@ -166,7 +167,7 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
         raise WorkloadError(f"{path}: is not a regular file; expected a JSONL or ShareGPT JSON file")
     else:
         raise WorkloadError(
-            f"no workload {text!r}: it is not a built-in ({', '.join(builtins)}), not an existing file and not "
-            "hf:<dataset>; give a built-in name, a .jsonl/.json path or hf:<dataset>."
+            f"no workload {text!r}: {did_you_mean(name, builtins)}it is not a built-in ({', '.join(builtins)}), not "
+            "an existing file and not hf:<dataset>; give a built-in name, a .jsonl/.json path or hf:<dataset>."
         )
     return workload.subset(max_per_class) if max_per_class is not None else workload
