@@ -23,6 +23,7 @@ import yaml
 
 from autotune.engine import config_args, export_options, serve_flags
 from autotune.errors import UsageError
+from autotune.selection import objective_label
 from autotune.spec import SpecConfig
 
 FORMATS = ("vllm-json", "vllm-args", "yaml", "schedule", "policy")
@@ -116,7 +117,7 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
     provenance = recommendation.get("provenance") or {}
     scenario = recommendation.get("scenario") or {}
     where = (f"recommendation #{recommendation.get('id')}: {recommendation.get('model')} on "
-             f"{recommendation.get('gpu')}, {recommendation.get('workload_name')}, {recommendation.get('objective')}, "
+             f"{recommendation.get('gpu')}, {recommendation.get('workload_name')}, {objective_label(recommendation)}, "
              f"concurrency {scenario.get('concurrency')}")
     try:
         config = SpecConfig.from_dict(dict(recommendation.get("best_config") or {}))

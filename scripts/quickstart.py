@@ -37,8 +37,9 @@ STEPS: list[tuple[str, str, str]] = [
     ("Show what is stored", "One recommendation per concurrency; --wide gives full names, --studies the studies.",
      "peagle-tune show"),
     ("Export the --speculative-config JSON",
-     "stdout is the JSON alone; stderr says which recommendation it is and offers the others.",
-     "peagle-tune export --format vllm-json"),
+     "stdout is the JSON alone; stderr says which recommendation it is. Without --concurrency the three "
+     "recommendations of the search are listed and it exits 2: it never picks one silently.",
+     "peagle-tune export --concurrency 64 --format vllm-json"),
     ("Export another concurrency", "As a `vllm serve` command line.",
      "peagle-tune export --concurrency 8 --format vllm-args"),
     ("Export one config for every load",
@@ -46,13 +47,13 @@ STEPS: list[tuple[str, str, str]] = [
      "concurrency searched, whose schedule covers the most batch sizes.",
      "peagle-tune export --format schedule"),
     ("Export a file for `vllm serve --config`", "It starts with what it holds.",
-     "peagle-tune export --format yaml --out serve.yaml && cat serve.yaml"),
+     "peagle-tune export --concurrency 64 --format yaml --out serve.yaml && cat serve.yaml"),
     ("Write the report", "Open report/index.html in a browser: every figure says whether it is measured or predicted.",
      "peagle-tune report --out report/"),
     ("Print the serve command for the GPU machine",
-     "On this machine (no GPU) `serve --dry-run` takes the recommendation for --gpu and prints the `vllm serve` "
-     "line to copy; the rest of its output (cut here) is the adaptive launch `peagle-tune serve` makes, and its "
-     "plugin config.",
+     "On this machine (no GPU) `serve --dry-run` takes the latest search for --gpu (max_num_seqs of its highest "
+     "concurrency, K per batch size) and prints the `vllm serve` line to copy; the rest of its output (cut here) is "
+     "the adaptive launch `peagle-tune serve` makes, and its plugin config.",
      "peagle-tune serve --model gpt-oss-120b --gpu h200 --dry-run | head -n 3"),
 ]
 

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from autotune.cli.simulate import simulate
 
-SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--classes", "chat,code", "--concurrency", "1,4",
-         "--requests-per-phase", "4", "--output-tokens", "24", "--static-k", "2,4", "--no-store"]
+SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--workload", "mixed", "--classes", "chat,code",
+         "--concurrency", "1,4", "--requests-per-phase", "4", "--output-tokens", "24", "--static-k", "2,4",
+         "--no-store"]
 
 
 def test_table_is_labelled_predicted_names_its_sources_and_fits_80_columns() -> None:

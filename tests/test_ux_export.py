@@ -1,6 +1,7 @@
 """`peagle-tune export` says what it exports (issue 13.2): which recommendation, concurrency, GPU and figures (a
 comment header in YAML, a stderr line for JSON and args), takes --concurrency, offers the batch-size schedule after a
-search over several concurrencies, and exits 3 when nothing matches."""
+search over several concurrencies, and exits 3 when nothing matches. Since issue 33 it never picks among
+recommendations that differ: without --concurrency after a search of three, it lists them and exits 2."""
 
 from __future__ import annotations
 
@@ -35,20 +36,35 @@ def recs(db: str) -> dict[int, dict[str, Any]]:
     return {r["scenario"]["concurrency"]: r for r in rows}
 
 
-def test_json_export_names_what_it_exports_on_stderr(db: str) -> None:
+def test_without_concurrency_it_lists_the_search_and_exits_2(db: str) -> None:
+    """Three concurrencies were searched, each with its own max_num_seqs: export does not pick one (issue 33)."""
     result = cli("export", "--db", db)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    ids = {int(line.split()[0]) for line in result.stderr.splitlines() if line[:1].isdigit()}
+    assert ids == {r["id"] for r in recs(db).values()}
+    assert "--concurrency (1, 8 or 64)" in result.stderr.splitlines()[-1]
+
+
+def test_json_export_names_what_it_exports_on_stderr(db: str) -> None:
+    result = cli("export", "--concurrency", "64", "--db", db)
     assert result.exit_code == 0, result.output
-    newest = recs(db)[64]  # the last concurrency searched
+    top = recs(db)[64]
     assert json.loads(result.stdout) == {
-        "method": "eagle3", "model": newest["best_config"]["drafter"],
-        "num_speculative_tokens": newest["best_config"]["num_speculative_tokens"],
-        **({"parallel_drafting": True} if newest["best_config"]["parallel_drafting"] else {}),
+        "method": "eagle3", "model": top["best_config"]["drafter"],
+        "num_speculative_tokens": top["best_config"]["num_speculative_tokens"],
+        **({"parallel_drafting": True} if top["best_config"]["parallel_drafting"] else {}),
     }
     err = " ".join(result.stderr.split())
-    tps = newest["metrics"]["output_tokens_per_s"]
-    assert f"recommendation #{newest['id']}" in err and "concurrency 64" in err
+    tps = top["metrics"]["output_tokens_per_s"]
+    assert f"recommendation #{top['id']}" in err and "concurrency 64" in err
     assert "NVIDIA H200 SXM 141GB" in err and f"{tps:.1f} tok/s" in err and "predicted" in err
-    # The other concurrencies of the same search, and the schedule, are offered.
+
+
+def test_a_recommendation_by_id_offers_the_rest_of_its_search(db: str) -> None:
+    result = cli("export", "--recommendation", str(recs(db)[64]["id"]), "--db", db)
+    assert result.exit_code == 0, result.output
+    err = " ".join(result.stderr.split())
     assert f"c=1 (#{recs(db)[1]['id']})" in err and f"c=8 (#{recs(db)[8]['id']})" in err
     assert "--concurrency C" in err and "--format schedule" in err
 

@@ -1,5 +1,6 @@
 """`peagle-tune serve --dry-run` on a machine without a GPU (issue 13.4): it uses the recommendation for --gpu (any
-name of the GPU) or the newest for the model, says so, and prints a `vllm serve ...` line that can be copied."""
+name of the GPU), or the only GPU's tuned (several are listed, exit 2: issue 33), says so, and prints a `vllm
+serve ...` line that can be copied."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def no_gpu_here(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = str(tmp_path_factory.mktemp("ux-serve") / "peagle.db")
-    for gpu in ("h200", "h100"):  # h100 last: the newest recommendation is the H100's
+    for gpu in ("h200", "h100"):  # two GPUs tuned: a dry run without --gpu must be told which
         result = cli("search", "--model", "gpt-oss-120b", "--gpu", gpu, "--concurrency", "8", "--max-k", "4",
                      "--trials", "15", "--db", path)
         assert result.exit_code == 0, result.output
@@ -48,11 +49,27 @@ def vllm_line(stdout: str) -> list[str]:
     return shlex.split(lines[0])
 
 
-def test_dry_run_without_gpu_uses_the_newest_and_prints_vllm_serve(db: str) -> None:
+def test_dry_run_without_gpu_lists_the_gpus_tuned_and_exits_2(db: str) -> None:
+    """Two GPUs were tuned and this machine is neither: the dry run names --gpu instead of taking the newest (issue
+    33: never pick silently)."""
     result = cli("serve", "--model", "gpt-oss-120b", "--dry-run", "--db", db)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    listed = {int(line.split()[0]) for line in result.stderr.splitlines() if line[:1].isdigit()}
+    assert listed == {rec_for(db, "NVIDIA H100 SXM 80GB")["id"], rec_for(db, "NVIDIA H200 SXM 141GB")["id"]}
+    assert "--gpu (h100 or h200)" in result.stderr.splitlines()[-1]
+
+
+def test_dry_run_without_gpu_takes_the_only_gpu_tuned_and_prints_vllm_serve(tmp_path: Path) -> None:
+    path = str(tmp_path / "one-gpu.db")
+    result = cli("search", "--model", "gpt-oss-120b", "--gpu", "h100", "--concurrency", "8", "--max-k", "4",
+                 "--trials", "15", "--db", path)
     assert result.exit_code == 0, result.output
-    rec = rec_for(db, "NVIDIA H100 SXM 80GB")
-    assert f"this dry run uses the newest for the model, #{rec['id']}" in " ".join(result.stderr.split())
+    result = cli("serve", "--model", "gpt-oss-120b", "--dry-run", "--db", path)
+    assert result.exit_code == 0, result.output
+    rec = rec_for(path, "NVIDIA H100 SXM 80GB")
+    err = " ".join(result.stderr.split())
+    assert f"#{rec['id']}" in err and "none for this machine, cpu; the only GPU tuned" in err
     argv = vllm_line(result.stdout)
     assert argv[:3] == ["vllm", "serve", "openai/gpt-oss-120b"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import click
 
 from autotune import __version__
-from autotune.cli._common import catalog_option, errors
+from autotune.cli._common import catalog_option, errors, quiet_broken_pipe
+from autotune.cli.catalog import list_command
 from autotune.cli.db import db
 from autotune.cli.doctor import doctor
 from autotune.cli.export import export
@@ -25,7 +26,11 @@ class _Group(click.Group):
     """The command group: a failure in any command is one line (a traceback only with --debug)."""
 
     def invoke(self, ctx: click.Context) -> object:
-        return errors(super().invoke)(ctx)
+        try:
+            return errors(super().invoke)(ctx)
+        except BrokenPipeError:  # the reader stopped reading (`peagle-tune show | head`): done, quietly
+            quiet_broken_pipe()
+            raise click.exceptions.Exit(0) from None
 
 
 #: Help text wraps at the terminal's width (click's default stops at 80 columns even in a wider terminal); click
@@ -48,6 +53,7 @@ def main(debug: bool, db_url: str | None) -> None:
 
     \b
     Example:
+      peagle-tune list drafters --model gpt-oss-120b
       peagle-tune search --model gpt-oss-120b --gpu h200
       peagle-tune show
       peagle-tune export --concurrency 8 --format vllm-json
@@ -58,7 +64,7 @@ def main(debug: bool, db_url: str | None) -> None:
     """
 
 
-for _command in (search, show, export, db, report, profile, serve, simulate, doctor):
+for _command in (search, show, export, db, report, profile, serve, simulate, doctor, list_command):
     main.add_command(_command)
 
 __all__ = ["main"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import secrets
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,8 +18,19 @@ from autotune.errors import NotFoundError, PeagleError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console()
-err_console = Console(stderr=True)
+
+
+class _Console(Console):
+    """A rich console whose broken pipe (``peagle-tune show | head``) is a `BrokenPipeError` for the command group to
+    end quietly (rich's own handling exits with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+console: Console = _Console()
+err_console: Console = _Console(stderr=True)
 
 #: Columns `--wide` output is drawn at (at least; a wider terminal gets its own width).
 WIDE_COLUMNS = 160
@@ -26,7 +39,7 @@ WIDE_COLUMNS = 160
 def wide_console(stderr: bool = False) -> Console:
     """A console for ``--wide`` tables: at least `WIDE_COLUMNS` wide, in a terminal or piped."""
     base = err_console if stderr else console
-    return Console(stderr=stderr, width=max(base.width, WIDE_COLUMNS))
+    return _Console(stderr=stderr, width=max(base.width, WIDE_COLUMNS))
 
 
 class UsageFailure(click.ClickException):
@@ -85,8 +98,8 @@ def errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
-            raise
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit, BrokenPipeError):
+            raise  # a reader that stopped reading (`| head`) ends the command quietly: see `quiet_broken_pipe`
         except Exception as exc:
             if debug_enabled():
                 raise
@@ -106,6 +119,21 @@ def errors(fn: F) -> F:
             ) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def quiet_broken_pipe() -> None:
+    """After stdout's reader went away (``peagle-tune show | head``): send what is left to /dev/null, so neither this
+    command nor the interpreter's final flush reports the broken pipe. The caller exits with status 0: the reader
+    got what it wanted."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a real file (e.g. under click's test runner)
+            continue
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        except OSError:
+            pass
 
 
 def int_list(value: str, option: str, maximum: int | None = None) -> list[int]:

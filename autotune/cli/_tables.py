@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.search import ScenarioResult, SearchRun, measurement_metrics
+from autotune.selection import objective_label
 from autotune.spec import SpecConfig
 
 #: Width the narrow tables are designed for (and checked against in tests/test_ux_tables.py).
@@ -56,18 +57,73 @@ def short_gpu(device: str | None) -> str:
         return device
 
 
+#: Longest drafter or model name a narrow table shows; a longer one is cut in the middle (the legend has it whole).
+MAX_NAME = 20
+
+
+def cut_middle(text: str, width: int, mark: str = "..") -> str:
+    """`text` if it fits in `width` characters, else its start and end around `mark`: never wrapped, still
+    recognisable (``SGLang-EAGL..SpecForge``)."""
+    if len(text) <= width:
+        return text
+    keep = max(width - len(mark), 2)
+    return text[: (keep + 1) // 2] + mark + text[len(text) - keep // 2:]
+
+
+def _catalog_names(name: str, kind: str) -> tuple[str | None, tuple[str, ...]]:
+    """(the catalog id, its names) of a catalog model or drafter called `name` (id or alias, any case); (None, ())
+    when the catalog has none (a local path, an unknown id). Never reads a directory."""
+    from autotune import catalogs
+
+    names = catalogs.model_names() if kind == "model" else catalogs.drafter_names()
+    wanted = name.strip().lower()
+    if kind == "model":  # model_names maps to the short name: find the id whose short name that is
+        short = next((v for k, v in names.items() if k.lower() == wanted), None)
+        ids = [m.name for m in catalogs.list_models() if m.name.rsplit("/", 1)[-1] == short]
+        ident = ids[0] if ids else None
+        return ident, tuple(k for k, v in names.items() if v == short) if ident else ()
+    ident = next((v for k, v in names.items() if k.lower() == wanted), None)
+    return ident, tuple(k for k, v in names.items() if v == ident) if ident else ()
+
+
+def _strip_target(name: str, targets: Iterable[str]) -> str:
+    """`name` without a leading target model name and its separator (``gpt-oss-120b-p-eagle`` -> ``p-eagle``)."""
+    for target in sorted(targets, key=len, reverse=True):
+        if target and len(name) > len(target) + 1 and name.lower().startswith(target.lower()) \
+                and name[len(target)] in "-_.":
+            return name[len(target) + 1:]
+    return name
+
+
+def model_alias(name: str | None) -> str:
+    """A model as a narrow table names it: its shortest catalog name without organisation (``Qwen/Qwen3-Coder-30B-
+    A3B-Instruct`` -> ``qwen3-coder-30b``), else its repository name or folder, cut in the middle beyond `MAX_NAME`."""
+    if not name:
+        return "-"
+    _ident, names = _catalog_names(name, "model")
+    plain = [n for n in names if "/" not in n and ":" not in n]
+    return cut_middle(min([short_model(name), *plain], key=len), MAX_NAME)
+
+
 def drafter_name(drafter: str | None, model: str | None = None) -> str:
-    """A drafter's repository name without organisation or ``:N-layer`` (the layers are shown beside it); under a
-    title that names the target `model`, also without a leading target name: ``amazon/gpt-oss-120b-p-eagle`` ->
-    ``p-eagle`` for model ``openai/gpt-oss-120b`` (names that do not start with it stay whole)."""
+    """A drafter as a narrow table names it (the full id goes in the legend, `drafters_legend`): its shortest name
+    (repository name or catalog alias) without organisation, ``:N-layer`` (the layers are shown beside it) or a
+    leading target model name (`model`, else the catalog's target): ``amazon/gpt-oss-120b-p-eagle`` -> ``p-eagle``,
+    ``lmsys/SGLang-EAGLE3-Qwen3-Coder-30B-A3B-Instruct-SpecForge`` -> ``eagle3``; cut in the middle beyond
+    `MAX_NAME` characters, so a cell never wraps mid-word."""
     if not drafter:
         return "-"
-    name = re.sub(r":\d+-layer$", "", drafter.rstrip("/").rsplit("/", 1)[-1])
-    target = short_model(model) if model else ""
-    if target and len(name) > len(target) + 1 and name.lower().startswith(target.lower()) \
-            and name[len(target)] in "-_.":
-        return name[len(target) + 1:]
-    return name
+    full = re.sub(r":\d+-layer$", "", drafter.rstrip("/"))
+    base = full.rsplit("/", 1)[-1]
+    ident, aliases = _catalog_names(full, "drafter")
+    models = [model] if model else []
+    if ident is not None:
+        from autotune.catalogs import list_drafters
+
+        models += [d.target for d in list_drafters(include_hypothetical=True) if d.name == ident and d.target]
+    targets = [n for m in models for n in (short_model(m), *_catalog_names(m, "model")[1])]
+    names = [base, *(a.rsplit("/", 1)[-1] for a in aliases)]
+    return cut_middle(min((_strip_target(n, targets) for n in names), key=len), MAX_NAME)
 
 
 def drafter_cell(config: SpecConfig, hypothetical: bool = False, *, full: bool = False,
@@ -300,14 +356,13 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
     groups: dict[tuple[str, str, str, str, str], list[Mapping[str, Any]]] = {}
     for row in rows:
         kind = str((row.get("provenance") or {}).get("kind", "unknown"))
-        key = (str(row.get("model")), str(row.get("gpu")), str(row.get("workload_name")), str(row.get("objective")),
-               kind)
+        key = (str(row.get("model")), str(row.get("gpu")), str(row.get("workload_name")), objective_label(row), kind)
         groups.setdefault(key, []).append(row)
     parts: list[RenderableType] = []
     cols = ["#", "c", "drafter", "PD", "K", "seqs", "tok/s", "vs none", "stored"]
     hypothetical_seen = False
     for (model, gpu, workload, objective, kind), items in groups.items():
-        title = f"{model if wide else short_model(model)} on {gpu if wide else short_gpu(gpu)}, {workload}, " \
+        title = f"{model if wide else model_alias(model)} on {gpu if wide else short_gpu(gpu)}, {workload}, " \
             f"{objective} ({kind})"
         table = _table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
         configs = []
@@ -372,7 +427,7 @@ def trials_view(study: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = F
         if row.get("failure_reason"):
             failures.append((row.get("number"), str(row["failure_reason"])))
     kinds = sorted({str((row.get("provenance") or {}).get("kind", "unknown")) for row in rows})
-    title = f"{len(rows)} trials ({'/'.join(kinds)}) of study\n  {study}"
+    title = f"{len(rows)} trials ({'/'.join(kinds)}) of study\n  {study if wide else study_name(study)}"
     parts: list[RenderableType] = [titled(title, table, None if wide else drafters_legend(configs, model))]
     if failures:
         parts.append(Text("Failed trials:"))
@@ -433,6 +488,63 @@ def studies_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Re
         detail = f"    {counts}; best {bests or '-'}"
         if wide:
             detail += f"; {', '.join(row.get('models') or ())}; last trial {when(row.get('last_created_at'))}"
-        lines.append(Text(f"  {row.get('study')}"))
+        name = str(row.get("study"))
+        lines.append(Text(f"  {name if wide else study_name(name)}", no_wrap=True, overflow="ignore"))
         lines.append(Text(detail, style="dim"))
+    if not wide and any(study_name(str(row.get("study"))) != str(row.get("study")) for row in rows):
+        lines.append(Text("Long names are cut in the middle (`show --trials` takes them as shown); --wide shows them "
+                          "whole.", style="dim"))
     return Group(*lines)
+
+
+def study_name(name: str, width: int = NARROW - 2) -> str:
+    """A study name on one line of an 80-column table, indented by two: whole if it fits, else cut in the middle
+    with ``...`` (`peagle-tune show --trials` accepts it so: the start and end name one study)."""
+    return cut_middle(name, width, "...")
+
+
+# --------------------------------------------------------------------------------------- choosing a recommendation
+
+
+def candidates_table(entries: Sequence[Any], *, wide: bool = False) -> Group:
+    """Recommendations that match a selection and differ (`autotune.selection.Ambiguous`): id, model (a column when
+    they are of several models, else in the title), GPU, workload, objective with SLOs, concurrency, config and
+    tokens/s, within 80 columns, the full names in legends."""
+    models = list(dict.fromkeys(str(e.rec.model) for e in entries))
+    cols = ["#", *(["model"] if len(models) > 1 else []), "gpu", "workload", "objective", "c", "config", "tok/s"]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for c in cols:
+        table.add_column(c, justify="right" if c in ("#", "c", "tok/s") else "left", no_wrap=c != "config",
+                         overflow="fold")
+    configs: list[SpecConfig | None] = []
+    for e in entries:
+        rec = e.rec
+        config = _config({"best_config": rec.best_config}, "best_config")
+        configs.append(config)
+        model = str(rec.model)
+        tps = e.tokens_per_s
+        table.add_row(
+            str(e.id),
+            *([model if wide else model_alias(model)] if len(models) > 1 else []),
+            e.gpu,
+            e.workload if wide else cut_middle(e.workload, MAX_NAME),
+            e.objective,
+            "-" if e.concurrency is None else str(e.concurrency),
+            config_cell(config, wide=wide, model=model) if config else "-",
+            fmt(tps) if tps is not None else "-",
+        )
+    aliases = {model_alias(m): m for m in models}
+    legend_models = None if wide else "; ".join(f"{a} = {m}" for a, m in aliases.items() if a != m)
+    title = "Stored recommendations that match" + ("" if len(models) > 1 else f", for {models[0] if models else '-'}")
+    key = "config: drafter, layers, PD (parallel drafting) or seq, depth K, x max_num_seqs."
+    return titled(f"{title}:", table, f"Models: {legend_models}" if legend_models and len(models) > 1 else None,
+                  None if wide else drafters_legend(configs), key)
+
+
+def config_cell(config: SpecConfig, *, wide: bool = False, model: str | None = None) -> str:
+    """A config in one short cell: ``p-eagle 4L PD K=4 x64`` (PD: parallel drafting; seq: sequential; x: max_num_seqs);
+    ``none x64`` without speculation."""
+    if not config.speculative:
+        return f"none x{config.max_num_seqs}"
+    name = drafter_cell(config, full=wide, model=model)
+    return f"{name} {'PD' if config.parallel_drafting else 'seq'} K={config.k} x{config.max_num_seqs}"

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from autotune.cli._common import canonical_model, db_option, err_console, errors, finite_seconds, open_store
+from autotune.cli._select import Unit, choose, selection_options
+from autotune.selection import Choice, Criteria
 
 #: Longest --record-every: a week (a profile stored less often than that is stored only at shutdown anyway).
 MAX_RECORD_EVERY_S = 7 * 24 * 3600.0
@@ -15,12 +17,7 @@ MAX_RECORD_EVERY_S = 7 * 24 * 3600.0
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--model", required=True, help="Target model: catalog name, HF id or local path (what vLLM loads).")
-@click.option("--recommendation", "rec_id", type=int, default=None,
-              help="Recommendation id (default: the newest for this model on --gpu, else on this machine's device; "
-                   "a --dry-run falls back to the newest for the model).")
-@click.option("--gpu", default=None,
-              help="Use the newest recommendation tuned for this GPU (h200, \"NVIDIA H100 PCIe\", ...), e.g. to "
-                   "print with --dry-run the command for a GPU machine from one without a GPU.")
+@selection_options
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Policy file (`peagle-tune export --format policy`): overrides classes, caps and static K.")
 @click.option("--drafter", default=None, help="Serve this drafter (id or path) instead of the recommended one.")
@@ -46,7 +43,10 @@ MAX_RECORD_EVERY_S = 7 * 24 * 3600.0
 def serve(
     model: str,
     rec_id: int | None,
+    concurrency: int | None,
     gpu: str | None,
+    workload: str | None,
+    objective: str | None,
     policy_path: Path | None,
     drafter: str | None,
     max_k: int | None,
@@ -63,8 +63,12 @@ def serve(
 ) -> None:
     """Serve a model with vLLM, its tuned speculative config and the adaptive depth controller.
 
-    Looks up the tuned config (the recommendation for this model and device; a policy file overrides its classes
-    and caps; acceptance and step costs come from the newest stored profile), launches `vllm serve` with the
+    Looks up the tuned config, selecting as `export` and `show` do (--gpu, default this machine's device;
+    --workload, --objective, --concurrency, --recommendation ID). By default it serves the latest search for the
+    model and GPU: max_num_seqs of the highest concurrency searched, with K per batch size (the controller's, or
+    the search's schedule), and says so; --concurrency C serves the recommendation tuned for C. Several matching
+    recommendations that differ are listed (exit 2) rather than picked. A policy file overrides the classes and
+    caps; acceptance and step costs come from the newest stored profile. It launches `vllm serve` with the
     scheduler plugin that picks the verified depth per step and per request, and stores live acceptance and step
     times as a "live" profile. Requests are classified by served model name and prompt; a client may ask for a
     class with `"vllm_xargs": {"peagle_class": "code"}`, which the policy grants only if it is no deeper (its
@@ -72,14 +76,15 @@ def serve(
     `{"peagle_speculate": false}`.
     The plugin's Prometheus gauges (peagle:*) appear in vLLM's /metrics. Arguments after `--` go to `vllm serve`.
 
-    A --dry-run prints the `vllm serve` line to copy (with the tuned config and static K; and the full adaptive
-    launch with its plugin config) without starting anything; on a machine without a GPU it uses the
-    recommendation for --gpu, or the newest for the model.
+    A --dry-run prints the `vllm serve` line to copy (with the tuned config and its K per batch size where vLLM
+    handles it, else the static K; and the full adaptive launch with its plugin config) without starting anything;
+    on a machine with no recommendation for its own device it uses --gpu's, or the only GPU's tuned.
 
     \b
     Example:
       peagle-tune serve --model gpt-oss-120b
       peagle-tune serve --model gpt-oss-120b --gpu h200 --dry-run
+      peagle-tune serve --model gpt-oss-120b --gpu h200 --concurrency 8 --dry-run
       peagle-tune serve --model ./target --policy policy.yaml --dry-run -- --dtype float32 --max-model-len 512
     """
     from autotune.errors import UsageError
@@ -99,9 +104,11 @@ def serve(
         raise UsageError(f"--drift-threshold is a relative change like 0.15 (15%), but got {drift_threshold}.")
     store = open_store(db_url, writes=not (no_record or dry_run))
     name = canonical_model(model)
-    rec_id, device, chosen = _pick_recommendation(store, name, rec_id, gpu, dry_run)
+    criteria = Criteria(model=name, gpu=gpu, workload=workload, objective=objective, concurrency=concurrency)
+    choice, device, where = _pick_recommendation(store, criteria, rec_id, dry_run, drafter is not None)
     tuned = resolve_tuned_config(
-        store, name, recommendation_id=rec_id, policy_path=policy_path, drafter=drafter, max_k=max_k, device=device
+        store, name, recommendation_id=None if choice is None else choice.rec.id, policy_path=policy_path,
+        drafter=drafter, max_k=max_k, device=device,
     )
     memory = _cpu_memory(device)
     launch = build_launch(
@@ -123,7 +130,11 @@ def serve(
             f"{tuned.static_k}.")
     log(f"  mode: {launch.plugin.mode}; acceptance priors: {tuned.acceptance_source or 'none'}; "
         f"step cost: {tuned.cost_source or 'none'}.")
-    for note in ([chosen] if chosen else []) + list(tuned.notes):
+    if choice is not None:
+        for line in _choice_lines(choice, where, given=rec_id is not None,
+                                  by_concurrency=criteria.concurrency is not None):
+            log(f"  {line}")
+    for note in list(tuned.notes):
         log(f"  note: {note}")
     if memory is not None:
         log(f"  memory: {_memory_text(launch, memory)}")
@@ -158,49 +169,77 @@ def serve(
 
 
 def _pick_recommendation(
-    store: Any, model: str, rec_id: int | None, gpu: str | None, dry_run: bool
-) -> tuple[int | None, str | None, str | None]:
-    """(recommendation id, device, note) for `resolve_tuned_config`: --recommendation as given; with --gpu the
-    newest recommendation for that GPU (any name of it: "h200", "NVIDIA H200", ...); a dry run on a machine with
-    no recommendation for its own device takes the newest for the model and says so. (None, None, None) leaves the
-    choice to `resolve_tuned_config` (this machine's device)."""
-    from autotune.catalogs import get_gpu
+    store: Any, criteria: Criteria, rec_id: int | None, dry_run: bool, cold_start_ok: bool
+) -> tuple[Choice | None, str | None, str]:
+    """(the choice, the device to serve it as, where the GPU came from) by `autotune.selection`: --recommendation
+    as given; else --concurrency C's recommendation, or the latest search's highest concurrency, for --gpu, else
+    this machine's device. A dry run on a machine with nothing for its own device takes the one GPU tuned (several
+    are listed, exit 2). (None, None, ...) leaves the lookup to `resolve_tuned_config` (a cold start with
+    --drafter, or its error naming the search to run)."""
+    import dataclasses
+
     from autotune.environment import detect_environment
-    from autotune.errors import NotFoundError, PeagleError
+    from autotune.errors import NotFoundError, UnknownModelError
 
+    unit: Unit = "one" if criteria.concurrency is not None else "latest-search"
     if rec_id is not None:
-        if gpu is None:
-            return rec_id, None, None
-        return rec_id, store.get_recommendation(rec_id).gpu, None
-
-    def key(device: str) -> str:
-        try:
-            return get_gpu(device).key
-        except PeagleError:
-            return device
-
-    recs = store.list_recommendations(model=model)  # newest first
-    if gpu is not None:
-        wanted = get_gpu(gpu)  # an unknown name is a usage error listing the catalog
-        for rec in recs:
-            if key(rec.gpu) == wanted.key:
-                return rec.id, rec.gpu, f"Recommendation #{rec.id}: the newest for {model} on {rec.gpu} (--gpu {gpu})."
-        tuned_for = sorted({r.gpu for r in recs})
-        raise NotFoundError(
-            f"There is no recommendation for {model} on {wanted.display_name}"
-            + (f" (there are for {', '.join(tuned_for)})" if tuned_for else "")
-            + f". Run `peagle-tune search --model {model} --gpu {wanted.key}` first."
-        )
-    if not dry_run or not recs:
-        return None, None, None
+        choice = choose(store, criteria, rec_id)
+        return choice, (choice.rec.gpu if criteria.gpu is not None else None), f"recommendation #{rec_id}"
+    if criteria.gpu is not None:
+        choice = choose(store, criteria, None, unit)
+        return choice, choice.rec.gpu, f"--gpu {criteria.gpu}"
     here = detect_environment()["device"]
-    if any(key(r.gpu) == key(here) for r in recs):
-        return None, None, None
-    newest = recs[0]
-    return newest.id, newest.gpu, (
-        f"No recommendation for {model} on this machine ({here}); this dry run uses the newest for the model, "
-        f"#{newest.id} for {newest.gpu} (pass --gpu or --recommendation ID to choose)."
-    )
+    try:
+        return choose(store, dataclasses.replace(criteria, gpu=here), None, unit), None, f"this machine ({here})"
+    except (NotFoundError, UnknownModelError):  # nothing for this device, or a device no catalog knows
+        if not dry_run:
+            if cold_start_ok:
+                return None, None, ""
+            raise NotFoundError(_nothing_here(store, criteria, here)) from None
+    try:
+        choice = choose(store, criteria, None, unit)
+    except NotFoundError:
+        if cold_start_ok:
+            return None, None, ""
+        raise
+    return choice, choice.rec.gpu, f"none for this machine, {here}; the only GPU tuned"
+
+
+def _nothing_here(store: Any, criteria: Criteria, here: str) -> str:
+    """Why a launch on this machine has nothing to serve, and what to run (or pass) instead."""
+    model = criteria.model
+    others = sorted({r.gpu for r in store.list_recommendations(model=model)})
+    hint = (f" There are recommendations for {model} on {', '.join(others)}: pass --gpu G to serve one of them "
+            f"anyway, or --recommendation ID (`peagle-tune show --model {model}` lists them).") if others else ""
+    return (f"There is no recommendation for {model} on this machine's device ({here}). Run `peagle-tune search "
+            f"--model {model} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}")
+
+
+def _choice_lines(choice: Choice, where: str, *, given: bool, by_concurrency: bool) -> list[str]:
+    """What `serve` chose and why, for stderr: the search and which concurrency's max_num_seqs, and K by batch
+    size."""
+    from autotune.cli._select import others_words, schedule_words, search_words
+
+    e = choice.entry
+    if given:
+        lines = [f"chosen: recommendation #{e.id} as given ({search_words(choice)})."]
+    elif by_concurrency:
+        lines = [f"chosen: the recommendation for concurrency {e.concurrency} on {e.gpu} ({where}): #{e.id}, "
+                 f"{e.workload}, {e.objective}, {e.kind}."]
+    else:
+        lines = [f"chosen: the latest search for {e.rec.model} on {e.gpu} ({where}): {search_words(choice)}; "
+                 f"max_num_seqs {e.max_num_seqs} from the highest concurrency, {e.concurrency} (#{e.id})."]
+    if e.max_num_seqs is not None and e.concurrency is not None and e.max_num_seqs < e.concurrency:
+        lines.append(f"max_num_seqs {e.max_num_seqs} is below the concurrency {e.concurrency} it was tuned for: "
+                     f"requests queue (how the {e.objective} objective met its target).")
+    schedule = schedule_words(e.rec)
+    if schedule:
+        lines.append(f"K by batch size: {schedule} (the search's schedule; the adaptive controller picks K per step "
+                     "from live acceptance, falling back to the static K).")
+    also = others_words(choice)
+    if also:
+        lines.append(also)
+    return lines
 
 
 def _cpu_memory(device: str | None) -> tuple[float, int, int] | None:
@@ -230,6 +269,25 @@ def _memory_text(launch: Any, memory: tuple[float, int, int]) -> str:
             "pass your own after `--` to override).")
 
 
+def _per_batch_size(tuned: Any) -> dict[str, Any] | None:
+    """vLLM's speculative-config keys for the recommendation's K per batch size (its deepest K and the schedule),
+    when the served config is the recommendation's at its K and vLLM handles a schedule with it (not with parallel
+    drafting: vLLM #45695); None otherwise."""
+    from autotune.export import vllm_schedule
+
+    rec = tuned.recommendation or {}
+    spec = tuned.spec
+    schedule = rec.get("schedule") or []
+    best_k = (rec.get("best_config") or {}).get("num_speculative_tokens")
+    if not (schedule and spec.speculative and not spec.parallel_drafting and tuned.static_k == best_k):
+        return None
+    entries = vllm_schedule(schedule)
+    top = max(k for _, _, k in entries)
+    if top < 1:
+        return None
+    return {"num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": entries}
+
+
 def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...]) -> str:
     """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), then
     the launch `peagle-tune serve` would make (`ServeLaunch.describe`: command, environment, plugin config)."""
@@ -240,11 +298,16 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
     spec = tuned.spec
     if spec.speculative and tuned.static_k:
         spec = spec.with_(num_speculative_tokens=tuned.static_k)
+    by_batch = _per_batch_size(tuned)
     memory = [] if launch.memory_fraction is None else ["--gpu-memory-utilization", f"{launch.memory_fraction:g}"]
     plain = ["vllm", "serve", tuned.model, "--host", host, "--port", str(port),
-             *serve_flags(config_args(spec, engine_paths=False)), *memory, *extra]
-    header = (f"# The tuned config as a plain `vllm serve` command (static K={tuned.static_k}; needs only vLLM): "
-              "copy this")
+             *serve_flags(config_args(spec, engine_paths=False, speculative_extra=by_batch)), *memory, *extra]
+    depth = f"static K={tuned.static_k}"
+    if by_batch:
+        depth = "K per batch size as the search found it"
+    elif spec.speculative and spec.parallel_drafting and (tuned.recommendation or {}).get("schedule"):
+        depth += ", not K per batch size: vLLM 0.32 mishandles that with parallel drafting (vLLM #45695)"
+    header = f"# The tuned config as a plain `vllm serve` command ({depth}; needs only vLLM): copy this"
     if spec.speculative and not tuned.static_k:  # cold start, or a no-speculation recommendation with --drafter
         why = "cold start, no recommendation" if not tuned.recommendation else "the recommendation does not speculate"
         header = (f"# The drafter at its full depth K={spec.k} as a plain `vllm serve` command ({why}; the adaptive "

@@ -15,6 +15,8 @@ from autotune.cli._common import (
     open_store,
     wide_console,
 )
+from autotune.cli._select import selection_options
+from autotune.selection import Criteria
 
 
 @click.command()
@@ -26,6 +28,7 @@ from autotune.cli._common import (
 @click.option("--simulation", "simulation_study", default=None, metavar="STUDY",
               help="Show one stored simulation's tables, as `peagle-tune simulate` printed them.")
 @click.option("--model", default=None, help="Only this model.")
+@selection_options
 @click.option("--wide", is_flag=True, help="Full ids, GPU names and failure reasons (tables wider than 80 columns).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @db_option
@@ -38,20 +41,30 @@ def show(
     simulations: bool,
     simulation_study: str | None,
     model: str | None,
+    rec_id: int | None,
+    concurrency: int | None,
+    gpu: str | None,
+    workload: str | None,
+    objective: str | None,
     wide: bool,
     as_json: bool,
     db_url: str | None,
 ) -> None:
     """Show stored recommendations, studies, trials and profiles.
 
+    Recommendations are selected as `export` and `serve` select them: --model, --gpu, --workload, --objective,
+    --concurrency, --recommendation ID; nothing matching is exit code 3 (with the closest names stored).
+
     \b
     Example:
       peagle-tune show
+      peagle-tune show --model gpt-oss-120b --concurrency 64
       peagle-tune show --studies
       peagle-tune show --trials STUDY --json
       peagle-tune show --profiles --wide
       peagle-tune show --simulations
     """
+    from autotune import selection
     from autotune.cli import _tables
     from autotune.errors import NotFoundError
     from autotune.report import objective_directions
@@ -61,6 +74,7 @@ def show(
         model = canonical_model(model)
     payload: dict[str, Any] = {}
     if trials_study:
+        trials_study = _study_named(store, trials_study)
         payload["trials"] = [t.to_dict() for t in store.list_trials(study=trials_study)]
         if not payload["trials"]:
             raise NotFoundError(
@@ -80,7 +94,14 @@ def show(
     elif profiles:
         payload["profiles"] = [p.to_dict() for p in store.list_profiles(model=model)]
     elif recommendations:
-        payload["recommendations"] = [r.to_dict() for r in store.list_recommendations(model=model)]
+        criteria = Criteria(model=model, gpu=gpu, workload=workload, objective=objective, concurrency=concurrency)
+        if rec_id is not None:
+            chosen = [selection.check(store.get_recommendation(rec_id), criteria).rec]
+        elif criteria != Criteria():
+            chosen = [e.rec for e in selection.matching(store.list_recommendations(), criteria)]
+        else:
+            chosen = store.list_recommendations()
+        payload["recommendations"] = [r.to_dict() for r in chosen]
     if "simulation" in payload:
         from autotune.cli.simulate import render
 
@@ -105,3 +126,14 @@ def show(
             out.print(_tables.profiles_view(rows, wide=wide))
         else:
             out.print(_tables.recommendations_view(rows, wide=wide))
+
+
+def _study_named(store: Any, name: str) -> str:
+    """`name`, or the one study whose name starts and ends as a name cut in the middle with ``...`` (as narrow
+    tables print long names) does; a cut name that fits no study or several is left for the caller to report."""
+    if "..." not in name:
+        return name
+    head, _, tail = name.partition("...")
+    names = [str(s.study) for s in store.list_studies()]
+    found = [n for n in names if n.startswith(head) and n.endswith(tail) and len(n) >= len(head) + len(tail)]
+    return found[0] if len(found) == 1 else name

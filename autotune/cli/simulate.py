@@ -20,7 +20,9 @@ _CONFIG_COL = 30
 @click.option("--gpu", default=None, help="GPU to predict for (h100, h200, b200, ...). Default: the catalog's.")
 @click.option("--drafter", default=None, help="Drafter (default: the model's P-EAGLE head with published acceptance).")
 @click.option("--max-k", type=int, default=None, help="The drafter's K (default: its trained K, else 8).")
-@click.option("--workload", default="mixed", show_default=True, help="Built-in workload name or a .jsonl/.json file.")
+@click.option("--workload", default="mt-bench", show_default=True,
+              help="Built-in workload name or a .jsonl/.json file (the default is search's; `mixed` shifts between "
+              "chat, code and math).")
 @click.option("--classes", default=None, help="Comma-separated classes of the workload, in phase order (default: all).")
 @click.option(
     "--shape",
@@ -93,7 +95,7 @@ def simulate(
     Example:
 
     \b
-        peagle-tune simulate --model gpt-oss-120b --gpu h200 --classes chat,code
+        peagle-tune simulate --model gpt-oss-120b --gpu h200 --workload mixed --classes chat,code
         peagle-tune simulate --model gpt-oss-120b --gpu b200 --concurrency 64 --json
         peagle-tune simulate --profile 3 --workload fixture.jsonl --traces stats.json --autocorrelation auto
         peagle-tune show --simulations && peagle-tune report --out report/
@@ -164,7 +166,9 @@ def simulate(
                 f"--autocorrelation takes a number in [0, 1) or 'auto', but got {autocorrelation!r}."
             ) from None
     setup = build(rho)
-    progress = None if as_json else (lambda line: err_console.print(f"[dim]  simulating {line}[/dim]"))
+    # Progress lines only in a terminal: piped or with --json stderr stays quiet, as search's does.
+    live = err_console.is_terminal and not as_json
+    progress = (lambda line: err_console.print(f"[dim]  simulating {line}[/dim]")) if live else None
     result = predict(
         setup, workloads, concurrencies=concurrencies, request_rate=rate, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kinds=kinds, static_ks=static_ks, seed=seed,

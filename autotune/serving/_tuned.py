@@ -2,7 +2,8 @@
 
 Lookup order:
 
-1. the recommendation: ``--recommendation ID``, else the newest one for this model and this machine's device;
+1. the recommendation: ``--recommendation ID``, else the one `autotune.selection` chooses for this model and this
+   machine's device (the latest search's highest concurrency; the CLI chooses first, by its options);
 2. a policy file (``--policy FILE``, written by ``peagle-tune export --format policy``) overrides the recommendation's
    request policy (classes, caps, floors, static K, max K, controller settings);
 3. acceptance priors and the step-cost model: the newest stored profile (measured or live) of this model and drafter
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ConfigError, NotFoundError, UsageError
+from autotune.errors import ConfigError, NotFoundError, UnknownModelError, UsageError
 from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, load_policy
 from policies.plugin import PluginConfig
@@ -227,9 +228,16 @@ def _recommendation(store: Any, model: str, rec_id: int | None, device: str, not
         if rec.gpu != device:
             notes.append(f"Recommendation #{rec_id} was tuned for {rec.gpu}; this machine is {device}.")
         return rec
-    rec = store.latest_recommendation(model=model, gpu=device)
-    if rec is not None:
-        return rec
+    from autotune.selection import Criteria, choose_search
+
+    try:  # the rule `peagle-tune serve` selects by: the latest search for this device, its highest concurrency
+        return choose_search(store.list_recommendations(model=model), Criteria(model=model, gpu=device),
+                             latest=True).rec
+    except NotFoundError:
+        pass
+    except UsageError as exc:  # a device no catalog knows and nothing stored under its name
+        if not isinstance(exc, UnknownModelError):
+            raise
     others = sorted({r.gpu for r in store.list_recommendations(model=model)})
     hint = (
         f" There are recommendations for {model} on {', '.join(others)}: pass --recommendation ID to serve one "
