@@ -36,7 +36,8 @@ def test_every_command_in_the_doc_parses() -> None:
 
 def test_the_readme_quick_start_is_in_the_doc() -> None:
     readme = (ROOT / "README.md").read_text()
-    quick = readme[readme.index("## Quick start"):readme.index("## Run the tests")]
+    start = readme.index("## Quick start")
+    quick = readme[start:readme.index("\n## ", start)]
     wanted = {re.sub(r"\s+#.*$", "", m).strip() for m in re.findall(r"\.venv/bin/(peagle-tune [^\n]+)", quick)}
     shown = {c.split(" && ")[0].split(" | ")[0] for c in doc_commands()}
     for command in wanted:
