@@ -43,12 +43,14 @@ class DrafterKey:
     method: Method | None = None
     drafter: str | None = None
     parallel_drafting: bool = False
+    tensor_parallel_size: int = 1
 
     @classmethod
     def of(cls, config: SpecConfig) -> DrafterKey:
+        tp = config.tensor_parallel_size
         if not config.speculative:
-            return cls()
-        return cls(config.method, config.drafter, config.parallel_drafting)
+            return cls(tensor_parallel_size=tp)
+        return cls(config.method, config.drafter, config.parallel_drafting, tp)
 
     def label(self) -> str:
         if self.drafter is None:
@@ -139,12 +141,13 @@ class InLaunchBackend(Backend):
     def planned_launches(self, grids: Sequence[tuple[Scenario, Sequence[SpecConfig]]]) -> tuple[int, int]:
         """(launches that measure in-launch, configs that need a launch of their own) for measuring every config of
         each scenario's grid."""
-        keys = {DrafterKey()}
+        keys: set[DrafterKey] = set()
         own = 0
         for scenario, configs in grids:
             for config in configs:
                 if self._fits(config, scenario):
                     keys.add(DrafterKey.of(config))
+                    keys.add(DrafterKey(tensor_parallel_size=config.tensor_parallel_size))  # the baseline's launch
                 else:
                     own += 1
         return len(keys), own
@@ -217,8 +220,9 @@ class InLaunchBackend(Backend):
         from policies.plugin import PluginConfig
 
         depths: Sequence[int] = self.ks if key.drafter is not None else (0,)
-        config = SpecConfig() if key.drafter is None else SpecConfig(
-            key.method or "eagle3", key.drafter, self.k_max, key.parallel_drafting
+        tp = key.tensor_parallel_size
+        config = SpecConfig(tensor_parallel_size=tp) if key.drafter is None else SpecConfig(
+            key.method or "eagle3", key.drafter, self.k_max, key.parallel_drafting, tensor_parallel_size=tp
         )
         seqs = self.engine_max_num_seqs
         phases, keys = self._phases(workload, depths)
