@@ -57,9 +57,12 @@ def test_goodput_with_an_slo_and_policy_export(tmp_path: Path) -> None:
     from policies import load_policy
 
     out = tmp_path / "policy.yaml"
-    exported = CliRunner().invoke(
-        main, ["export", "--format", "policy", "--db", str(tmp_path / "peagle.db"), "--out", str(out)]
-    )
+    # Two searches are stored (throughput, goodput under the SLO): export lists them and asks which ...
+    args = ["export", "--format", "policy", "--db", str(tmp_path / "peagle.db"), "--out", str(out)]
+    ambiguous = CliRunner().invoke(main, args)
+    assert ambiguous.exit_code == 2 and "--objective" in ambiguous.output
+    # ... and --objective goodput picks the SLO run.
+    exported = CliRunner().invoke(main, [*args, "--objective", "goodput"])
     assert exported.exit_code == 0, exported.output
     assert load_policy(out).static_k == scenario["best_config"]["num_speculative_tokens"]
 

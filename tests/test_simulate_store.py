@@ -25,7 +25,8 @@ from autotune.simulate import (
 from autotune.workloads import load_workload
 from store import Store
 
-SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--classes", "chat,code", "--concurrency", "1,4",
+SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--workload", "mixed", "--classes", "chat,code",
+         "--concurrency", "1,4",
          "--requests-per-phase", "4", "--output-tokens", "24", "--static-k", "2,4"]
 
 
