@@ -182,8 +182,8 @@ class InLaunchBackend(Backend):
 
     def confirm(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement | None:
         """A fresh launch of exactly `config`, unless its figure already came from one set up that way: a config
-        measured fresh, or no speculation (its launch differs from a fresh one only in max_num_seqs, which does
-        not bind in a closed loop)."""
+        measured fresh, or no speculation (its launch differs from a fresh one in max_num_seqs, which does not bind
+        in a closed loop, and in the scheduler plugin, which only records step times there)."""
         if not config.speculative or not self.in_launch(config, workload, scenario):
             return None
         self.say(f"confirming {config.label()} at concurrency {scenario.concurrency} with a fresh launch")
