@@ -123,12 +123,12 @@ def sequence_tokens(workload: Any, max_model_len: int | None, config: dict[str, 
     return max(1, min(longest, limit))
 
 
-def check_fit(found: Checkpoints, *, seqs: int, tokens: int, tensor_parallel_size: int,
+def check_fit(found: Checkpoints, gpus: list[dict[str, Any]], *, seqs: int, tokens: int, tensor_parallel_size: int,
               gpu_memory_utilization: float | None, cpu_kv_cache_gib: float | None) -> Any:
     """The `autotune.fit.MemoryFit` of the target with its largest drafter on this machine's device: each GPU
-    (NVML) at the tensor-parallel size, or RAM for vLLM's CPU build. None when sizes are unknown."""
+    (NVML's `gpus`) at the tensor-parallel size, or RAM for vLLM's CPU build. None when sizes are unknown."""
     from autotune import fit
-    from autotune.environment import available_ram_bytes, detect_gpus
+    from autotune.environment import available_ram_bytes
 
     target = found.target
     if target is None or target.weight_bytes is None:
@@ -140,7 +140,6 @@ def check_fit(found: Checkpoints, *, seqs: int, tokens: int, tensor_parallel_siz
         "drafter_weight_bytes": drafter.weight_bytes if drafter else 0,
         "drafter_config": drafter.config if drafter else None, "max_model_len": tokens, "max_num_seqs": seqs,
     }
-    gpus = detect_gpus()
     if gpus and gpus[0].get("memory_bytes"):
         return fit.check_gpu_fit(
             **common, device_memory_bytes=int(gpus[0]["memory_bytes"]), device_name=str(gpus[0]["name"]),

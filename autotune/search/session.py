@@ -12,7 +12,6 @@ Two steps, so the caller can show the notes before anything is measured::
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.engine import EngineOptions
+from autotune.engine import EngineOptions, vllm_available
 from autotune.errors import UsageError
 from autotune.search.machine import (
     Checkpoints,
@@ -179,10 +178,6 @@ def _report_stored(search: Search, result: ScenarioResult, environment: dict[str
     return True
 
 
-def vllm_importable() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
 def resolve_strategy(requested: str, backend: str, sampler: str | None = None, in_launch: bool = False) -> str:
     """``auto`` -> grid when every config is measured in its drafter's launch (each trial then costs no launch),
     model-guided with the vllm backend otherwise (a profile exists or one launch per drafter makes it), blackbox with
@@ -281,22 +276,19 @@ def _backend(
     return VLLMBackend(model=str(target), checkpoint_dirs=dirs), environment
 
 
-def _check_gpu_flag(gpu: str | None) -> None:
-    """A --gpu that contradicts the GPUs NVML finds is an error when measuring (the figures would be this
+def _check_gpu_flag(gpu: str | None, gpus: list[dict[str, Any]]) -> None:
+    """A --gpu that contradicts the GPUs NVML finds (`gpus`) is an error when measuring (the figures would be this
     machine's, labelled as another GPU's)."""
-    from autotune.environment import detect_gpus, gpu_flag_conflict
+    from autotune.environment import gpu_flag_conflict
 
     if gpu:
-        conflict = gpu_flag_conflict(gpu, detect_gpus())
+        conflict = gpu_flag_conflict(gpu, gpus)
         if conflict:
             raise UsageError(conflict + ".")
 
 
-def _device_line(environment: dict[str, Any]) -> str:
-    """Where the search measures, in one line."""
-    from autotune.environment import detect_gpus
-
-    gpus = detect_gpus()
+def _device_line(environment: dict[str, Any], gpus: list[dict[str, Any]]) -> str:
+    """Where the search measures (`gpus`: what NVML found), in one line."""
     version = environment.get("vllm_version")
     if not gpus:
         return f"Device: CPU (NVML finds no NVIDIA GPU); vLLM {version}."
@@ -357,6 +349,7 @@ def _in_launch(
 def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
     anything is measured."""
+    from autotune.environment import detect_gpus
     from autotune.workloads import load_workload
 
     objective = Objective(options.objective, options.slo_tpot_p99_ms, options.slo_ttft_p99_ms)
@@ -365,21 +358,22 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     if options.trials is not None and options.trials < 1:
         raise UsageError(f"--trials must be >= 1, but got {options.trials}.")
     spec_space = resolve_space_spec(options)
-    has_vllm = vllm_importable()
+    has_vllm = vllm_available()
     measuring = options.backend != "model" and has_vllm
     spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
     workload = load_workload(options.workload)
     notes: list[str] = []
     found, memory = None, None
+    gpus = detect_gpus() if measuring else []  # NVML, read once for the flag check, the fit and the device line
     if measuring:
         found = Checkpoints(target=target, problem=problem)
-        _check_gpu_flag(options.gpu)
+        _check_gpu_flag(options.gpu, gpus)
         if not found.problem:
             released = _drafter_specs(spec, spec_space.drafters, include_hypothetical=False)
             resolve_drafters([str(d.local_path or d.name) for d in released if d.published], found)
         if not found.problem:
             memory = check_fit(
-                found, seqs=max(options.concurrencies),
+                found, gpus, seqs=max(options.concurrencies),
                 tokens=sequence_tokens(workload, None, found.target.config),
                 tensor_parallel_size=options.tensor_parallel_size, gpu_memory_utilization=None,
                 cpu_kv_cache_gib=EngineOptions().cpu_kv_cache_gib,
@@ -389,7 +383,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     backend, environment = _backend(kind, spec, options.gpu, notes, found, options.tensor_parallel_size)
     if kind == "vllm":
         assert found is not None
-        notes.append(_device_line(environment))
+        notes.append(_device_line(environment, gpus))
         notes += [f"Checkpoint: {line}" for line in found.lines()]
         if memory is not None:
             notes.append(f"Memory: {memory.message}")
