@@ -79,6 +79,18 @@ def test_ties_go_to_the_smallest_k_and_feasible_trials_win() -> None:
     assert per_drafter(slo)[0].k == 2
 
 
+def test_ties_go_to_max_num_seqs_within_the_concurrency_as_the_search_picks() -> None:
+    # The search's picking rule (autotune.search.result): max_num_seqs above the concurrency only when it pays more
+    # than the 0.1% tie margin. At c=64, 128 sequences at 1000.5 tok/s tie with 64 at 1000.0 (0.05% apart), even at
+    # a smaller K; 32 sequences (queueing) at the same figure lose to 64, the closest to the concurrency.
+    tied = [TrialOutcome(cfg(EAGLE3, 2, seqs=128), 1000.5), TrialOutcome(cfg(EAGLE3, 3, seqs=64), 1000.0),
+            TrialOutcome(cfg(EAGLE3, 3, seqs=32), 1000.0)]
+    assert per_drafter(tied, concurrency=64)[0].best_config.max_num_seqs == 64
+    # 0.2% more pays beyond the margin: 128 is kept.
+    paying = [TrialOutcome(cfg(EAGLE3, 3, seqs=128), 1002.0), TrialOutcome(cfg(EAGLE3, 3, seqs=64), 1000.0)]
+    assert per_drafter(paying, concurrency=64)[0].best_config.max_num_seqs == 128
+
+
 def test_without_an_eagle3_head_there_is_no_eagle3_speedup() -> None:
     rows = per_drafter([TrialOutcome(cfg(P_EAGLE, 7, True, 4), 2000.0)])
     assert rows[0].speedup_vs_eagle3 is None and not rows[0].is_eagle3_reference

@@ -29,11 +29,23 @@ __all__ = [
     "format_per_drafter",
     "is_plain_eagle3",
     "per_drafter",
+    "tie_key",
 ]
 
-#: Scores within this relative distance of the best are ties; the smallest K wins them (the search's own rule:
-#: the same throughput with less verification work and memory).
+#: Scores within this relative distance of the best are ties, broken by `tie_key` (the search's own rule).
 TIE = 1e-3
+
+
+def tie_key(config: SpecConfig, concurrency: int | None) -> tuple[bool, int, int, int]:
+    """The order among tied configs, the one rule of the search (`autotune.search.result`) and of each drafter's
+    best here: max_num_seqs within the `concurrency` first (more sequences than clients are never in flight, so a
+    config above it wins only when it pays more than the tie margin), then the smallest K (the same throughput with
+    less verification work and memory), then max_num_seqs closest to the concurrency (the smaller of two as close).
+    `concurrency` None (not known): the smallest K, then the smallest max_num_seqs."""
+    seqs = config.max_num_seqs
+    if concurrency is None:
+        return (False, config.k, seqs, seqs)
+    return (seqs > concurrency, config.k, abs(seqs - concurrency), seqs)
 
 
 @dataclass(frozen=True)
@@ -141,11 +153,12 @@ def _variant(o: TrialOutcome) -> tuple[str, int | None, bool, bool]:
     return (str(c.drafter), c.drafter_layers, c.parallel_drafting, o.hypothetical)
 
 
-def _best(outcomes: Sequence[TrialOutcome], score: Callable[[TrialOutcome], float]) -> TrialOutcome:
+def _best(outcomes: Sequence[TrialOutcome], score: Callable[[TrialOutcome], float],
+          concurrency: int | None = None) -> TrialOutcome:
     pool = [o for o in outcomes if o.feasible] or list(outcomes)
     top = max(score(o) for o in pool)
     tied = [o for o in pool if score(o) >= top - abs(top) * TIE]
-    return min(tied, key=lambda o: (o.config.k, o.config.max_num_seqs, -score(o)))
+    return min(tied, key=lambda o: (*tie_key(o.config, concurrency), -score(o)))
 
 
 def per_drafter(
@@ -154,6 +167,7 @@ def per_drafter(
     baseline_tokens_per_s: float | None = None,
     eagle3: Callable[[str], bool | None] = is_plain_eagle3,
     score: Callable[[TrialOutcome], float] | None = None,
+    concurrency: int | None = None,
 ) -> list[DrafterBest]:
     """The best config of every drafter variant among `outcomes`, fastest first.
 
@@ -165,7 +179,8 @@ def per_drafter(
         eagle3: says whether a drafter is a plain EAGLE-3 head (default: the catalog; for names it does not know,
             a head never tried with parallel drafting counts as EAGLE-3).
         score: what "best" maximises (default output tokens/s; pass e.g. ``lambda o: -(o.tpot_ms or inf)`` for
-            latency). Feasible trials win over infeasible ones; ties within 0.1% go to the smallest K.
+            latency). Feasible trials win over infeasible ones; ties within 0.1% are broken by `tie_key`.
+        concurrency: the scenario's concurrency, for `tie_key` (None: not known).
 
     The EAGLE-3 reference is the best variant of a plain EAGLE-3 head run sequentially (released heads preferred
     over hypothetical ones); `speedup_vs_eagle3` of every variant divides by its tokens/s.
@@ -178,7 +193,7 @@ def per_drafter(
         if o.config.speculative:
             groups.setdefault(_variant(o), []).append(o)
     if baseline_tokens_per_s is None and plain:
-        baseline_tokens_per_s = _best(plain, lambda o: o.output_tokens_per_s).output_tokens_per_s
+        baseline_tokens_per_s = _best(plain, lambda o: o.output_tokens_per_s, concurrency).output_tokens_per_s
     tried_parallel = {key[0] for key in groups if key[2]}
 
     def eagle3_variant(key: tuple[str, int | None, bool, bool]) -> bool:
@@ -187,7 +202,7 @@ def per_drafter(
         known = eagle3(key[0].split(":")[0])
         return (key[0] not in tried_parallel) if known is None else known
 
-    bests = {key: _best(items, rank) for key, items in groups.items()}
+    bests = {key: _best(items, rank, concurrency) for key, items in groups.items()}
     references = [key for key in bests if eagle3_variant(key)]
     released = [key for key in references if not key[3]] or references
     reference = max(released, key=lambda key: bests[key].output_tokens_per_s) if released else None

@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends.compare import DrafterBest, TrialOutcome, per_drafter
+from autotune.backends.compare import DrafterBest, TrialOutcome, per_drafter, tie_key
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
@@ -264,7 +264,8 @@ def _nondominated(trials: Sequence[FrozenTrial], objective: Objective) -> list[F
 
 
 def drafter_comparison(
-    objective: Objective, complete: Sequence[FrozenTrial], space: SearchSpace, config_of: ConfigOf
+    objective: Objective, complete: Sequence[FrozenTrial], space: SearchSpace, config_of: ConfigOf,
+    concurrency: int | None = None,
 ) -> list[DrafterBest]:
     """Every drafter variant's best config among `complete` (`autotune.backends.compare.per_drafter`), ranked by the
     objective: lowest TPOT p50 for latency, else highest tokens/s; trials meeting the SLOs first."""
@@ -281,8 +282,9 @@ def drafter_comparison(
             )
         )
     if objective.name == "latency":
-        return per_drafter(outcomes, score=lambda o: -(o.tpot_ms if o.tpot_ms is not None else float("inf")))
-    return per_drafter(outcomes)
+        return per_drafter(outcomes, score=lambda o: -(o.tpot_ms if o.tpot_ms is not None else float("inf")),
+                           concurrency=concurrency)
+    return per_drafter(outcomes, concurrency=concurrency)
 
 
 def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
@@ -290,15 +292,12 @@ def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
 
 
 def _tie_key(scenario: Scenario, config_of: ConfigOf) -> Callable[[FrozenTrial], tuple[bool, int, int, int]]:
-    """Among tied trials: max_num_seqs within the concurrency first (more sequences than clients are never in flight,
-    so a config above it is chosen only when it pays more than the tie margin), then the smallest K, then
-    max_num_seqs closest to the concurrency (the smaller of two as close)."""
+    """Among tied trials: `autotune.backends.compare.tie_key` of their configs at the scenario's concurrency."""
 
     def key(t: FrozenTrial) -> tuple[bool, int, int, int]:
         c = config_of(t)
         assert c is not None
-        return (c.max_num_seqs > scenario.concurrency, c.k, abs(c.max_num_seqs - scenario.concurrency),
-                c.max_num_seqs)
+        return tie_key(c, scenario.concurrency)
 
     return key
 
@@ -343,7 +342,7 @@ def summarize(
     assert config is not None
     best = trial_measurement(chosen) or measure(config)
     constraints = dict(chosen.constraints)
-    per_variant = drafter_comparison(objective, complete, space, config_of)
+    per_variant = drafter_comparison(objective, complete, space, config_of, scenario.concurrency)
     twin = _within_concurrency(config, scenario, space)
     if ok and twin is not None:  # the sampler may never have tried the same config at the concurrency
         candidate = lookup(twin)
