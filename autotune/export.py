@@ -11,9 +11,9 @@ Every export says what it is: `describe` names the recommendation, its concurren
 (the CLI prints it on stderr), and the YAML forms start with it as a comment header.
 
 Names in an export (model, drafter, GPU, workload file, SLOs) are data, never syntax: YAML and JSON are written by
-their serializers, shell words are quoted (`shell_word`), and comment lines are built by `comment_lines`, so a
-name holding a line break (a workload file named ``w\nhost: 0.0.0.0\n#.jsonl``) cannot end its comment and add
-a key to a ``vllm serve --config`` file.
+their serializers, shell words are quoted (`autotune.engine.shell_line`), and comment lines are built by
+`comment_lines`, so a name holding a line break (a workload file named ``w\nhost: 0.0.0.0\n#.jsonl``) cannot end
+its comment and add a key to a ``vllm serve --config`` file.
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
     if fmt == "vllm-args":
         return shell_line(serve_command(model, config_args(config, engine_paths=False))) + "\n", warnings
     if fmt == "yaml":
-        header = "".join(f"# {line}\n" for line in describe(recommendation))
-        header += "# Serve with: vllm serve --config THIS_FILE.yaml\n"
+        header = comment_lines([*describe(recommendation), "Serve with: vllm serve --config THIS_FILE.yaml"])
         return header + yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
     if fmt == "schedule":
         return _schedule(config, recommendation, warnings), warnings
@@ -216,33 +215,8 @@ def comment_lines(lines: Iterable[str]) -> str:
     """`lines` as YAML (and shell) comments, one ``# `` line each. Every character that is not printable, line
     breaks of every kind among them, becomes ``?`` (`printable_line`), so no text can end its comment.
 
-    >>> comment_lines(["from w\nhost: 0.0.0.0"])
-    '# from w?host: 0.0.0.0\n'
+    >>> comment_lines(["from w\\nhost: 0.0.0.0"])
+    '# from w?host: 0.0.0.0\\n'
     """
     return "".join(f"# {printable_line(line)}\n" for line in lines)
 
-
-def shell_word(word: str) -> str:
-    """`word` as one word of a POSIX shell command line: `shlex.quote` when every character is printable; else in
-    ``$'...'`` quotes (bash, zsh, ksh, POSIX.1-2024 sh) with each non-printable character as an escape, so the
-    line shows no raw control character and the shell still reads the exact word.
-
-    >>> shell_word("my model"), shell_word("a\x1b[31mb")
-    ("'my model'", "$'a\\x1b[31mb'")
-    """
-    if word.isprintable():
-        return shlex.quote(word)
-    out = []
-    for ch in word:
-        code = ord(ch)
-        if ch in "\\'":
-            out.append("\\" + ch)
-        elif ch.isprintable():
-            out.append(ch)
-        elif code < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "$'" + "".join(out) + "'"

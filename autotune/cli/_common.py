@@ -5,16 +5,17 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 
 from autotune.errors import NotFoundError, PeagleError, UsageError
+from autotune.safe_text import terminal_text
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,7 +23,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class _Console(Console):
     """A rich console whose broken pipe (``peagle-tune show | head``) is a `BrokenPipeError` for the command group to
-    end quietly (rich's own handling exits with status 1)."""
+    end quietly (rich's own handling exits with status 1).
+
+    Names in what it prints are text, never syntax: markup is off (``[bold]x`` prints as written; style with
+    ``style=`` or `rich.text.Text`), and every segment of text is passed through `terminal_text` on its way out,
+    so no name from a file, the database or an argument can send control characters or escape sequences to the
+    terminal, whichever table or message holds it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(*args, **kwargs)
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Any:
+        for segment in super().render(renderable, options):
+            if segment.control is None and segment.text:
+                safe = terminal_text(segment.text)
+                if safe != segment.text:
+                    segment = Segment(safe, segment.style)
+            yield segment
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -69,8 +87,9 @@ def debug_enabled() -> bool:
 
 
 def one_line(message: str) -> str:
-    """`message` on one line (whitespace collapsed), cut in the middle beyond `MAX_MESSAGE_CHARS`."""
-    text = " ".join(message.split())
+    """`message` on one line (whitespace collapsed, control characters removed: `terminal_text`), cut in the middle
+    beyond `MAX_MESSAGE_CHARS`."""
+    text = " ".join(terminal_text(message).split())
     if len(text) > MAX_MESSAGE_CHARS:
         head, tail = MAX_MESSAGE_CHARS * 2 // 3, MAX_MESSAGE_CHARS // 3
         text = f"{text[:head]} [... {len(text) - head - tail:,} characters cut ...] {text[-tail:]}"
@@ -98,7 +117,10 @@ def errors(fn: F) -> F:
 
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit, BrokenPipeError):
+        except click.exceptions.ClickException as exc:  # click's own (bad option values) quote what was typed
+            exc.message = terminal_text(exc.message)
+            raise
+        except (click.exceptions.Abort, click.exceptions.Exit, BrokenPipeError):
             raise  # a reader that stopped reading (`| head`) ends the command quietly: see `quiet_broken_pipe`
         except Exception as exc:
             if debug_enabled():
@@ -119,6 +141,11 @@ def errors(fn: F) -> F:
             ) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def echo(text: str, *, nl: bool = True, err: bool = False) -> None:
+    """Print plain `text` (not through rich) without control characters (`terminal_text`)."""
+    click.echo(terminal_text(text), nl=nl, err=err)
 
 
 def quiet_broken_pipe() -> None:
@@ -219,47 +246,6 @@ def store_label(store: Any) -> str:
 
     url = getattr(store, "url", None)
     return mask_password(str(url)) if url else "the database"
-
-
-def write_output(path: Path, text: str, *, force: bool, option: str = "--out") -> None:
-    """Write `text` to `path` whole or not at all, never through a symbolic link.
-
-    Without `force` an existing path (even a dangling link) is refused. The text goes to a new file beside `path`
-    that is then renamed over it, so a reader, a full disk or a crash never sees half a file, and a link at
-    `path` is replaced itself rather than followed (its target, maybe someone else's file, is untouched).
-    """
-    folder = path.parent
-    if path.is_symlink():
-        target = os.readlink(path)
-        if not force:
-            raise UsageError(
-                f"{option} {path} is a symbolic link (to {target}); pass --force to replace the link with a new "
-                "file (its target is left alone), or choose another path."
-            )
-    elif path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it.")
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file path.")
-    if not folder.is_dir():
-        problem = "is not a folder" if folder.exists() else "does not exist"
-        raise UsageError(f"{option} {path}: {folder} {problem}; create the folder or choose another path.")
-    temporary = folder / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-    except OSError as exc:
-        raise PeagleError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc}).") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise PeagleError(f"{option} {path}: cannot write it ({exc.strerror or exc}); nothing was changed.") from exc
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 def canonical_model(model: str) -> str:

