@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from autotune.cli._common import db_option, err_console, errors
+from autotune.cli._common import db_option, echo, err_console, errors
 
 #: Columns of the status and the check name; details and fixes wrap beside them.
 _STATUS_W, _NAME_W = 4, 16
@@ -107,7 +107,7 @@ def doctor(
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
     else:
-        click.echo(render(checks, shutil.get_terminal_size((80, 24)).columns))
+        echo(render(checks, shutil.get_terminal_size((80, 24)).columns))
     code = exit_code(checks)
     if code:
         raise click.exceptions.Exit(code)

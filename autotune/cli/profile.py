@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from autotune.cli._common import canonical_model, console, db_option, err_console, errors, int_list, open_store
 
@@ -137,7 +138,7 @@ def _print_result(r: Any) -> None:
     where = r.provenance.describe()
     console.rule(f"{r.drafter} ({r.method}{', parallel drafting' if r.parallel_drafting else ''}, K_max={r.max_k})")
     if not r.ok:
-        console.print(f"[red]failed ({r.failure_kind})[/red]: {r.failure_reason}")
+        console.print(Text.assemble((f"failed ({r.failure_kind})", "red"), f": {r.failure_reason}"))
         if r.log_tail:
             console.print(r.log_tail, highlight=False, markup=False)
         return

@@ -11,6 +11,7 @@ from autotune.cli._common import (
     canonical_model,
     console,
     db_option,
+    echo,
     errors,
     open_store,
     wide_console,
@@ -106,8 +107,8 @@ def show(
         from autotune.cli.simulate import render
 
         result = payload["simulation"]
-        click.echo(json.dumps({**result.to_dict(), "stored_as": simulation_study}, indent=2, default=str)
-                   if as_json else render(result))
+        echo(json.dumps({**result.to_dict(), "stored_as": simulation_study}, indent=2, default=str)
+             if as_json else render(result))
         return
     if as_json:
         click.echo(json.dumps(payload, indent=2, default=str))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from autotune.cli._common import db_option, err_console, errors, int_list, open_store
+from autotune.cli._common import db_option, echo, err_console, errors, int_list, open_store
 
 _WIDTH = 80
 _CONFIG_COL = 30
@@ -168,7 +168,7 @@ def simulate(
     setup = build(rho)
     # Progress lines only in a terminal: piped or with --json stderr stays quiet, as search's does.
     live = err_console.is_terminal and not as_json
-    progress = (lambda line: err_console.print(f"[dim]  simulating {line}[/dim]")) if live else None
+    progress = (lambda line: err_console.print(f"  simulating {line}", style="dim")) if live else None
     result = predict(
         setup, workloads, concurrencies=concurrencies, request_rate=rate, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, kinds=kinds, static_ks=static_ks, seed=seed,
@@ -185,7 +185,7 @@ def simulate(
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "stored_as": study}, indent=2, default=str))
         return
-    click.echo(render(result, per_phase))
+    echo(render(result, per_phase))
     if study is not None:
         err_console.print(f"Stored as study {study} (peagle-tune show --simulation {study}; peagle-tune report).",
                           soft_wrap=True, highlight=False, markup=False)
