@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.fakes import FakeEngineCore
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,32 +47,6 @@ class FakeExecutor:
             raise NotImplementedError(f"Method {method!r} is not implemented.")
         return [WorkerStatus(True, "async scheduling: off-steps run a one-slot sync pass", 0, k_max=K,
                              method="draft_model", parallel=True, lower_width=True, off_steps="sync_pass").to_dict()]
-
-
-class FakeEngineCore:
-    """Builds the scheduler the way vLLM's ``EngineCore.__init__`` does: with ``self.model_executor`` in scope."""
-
-    def __init__(self, executor: FakeExecutor) -> None:
-        self.model_executor = executor
-
-    def build(self, scheduler_cls: type) -> Any:
-        import torch
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.structured_output import StructuredOutputManager
-
-        config = EngineArgs(
-            model=str(MODELS / "target"), dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=True,
-            enable_prefix_caching=False,
-            speculative_config={"method": "draft_model", "model": str(MODELS / "drafter-1l"),
-                                "num_speculative_tokens": K, "parallel_drafting": True},
-        ).create_engine_config()
-        blocks = 256
-        config.cache_config.num_gpu_blocks = blocks
-        spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-        return scheduler_cls(vllm_config=config, kv_cache_config=kv, log_stats=True,
-                             structured_output_manager=StructuredOutputManager(config), block_size=16)
 
 
 @pytest.fixture
