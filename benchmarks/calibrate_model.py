@@ -2,10 +2,10 @@
 
 Usage::
 
-    python benchmarks/calibrate_model.py                      # evaluate the committed constants (RooflineParams)
-    python benchmarks/calibrate_model.py --fit                # refit the free constants, print them
-    python benchmarks/calibrate_model.py --shape              # also the concurrency sweep per target
-    python benchmarks/calibrate_model.py --write-doc docs/benchmarks/model.md   # regenerate the report's tables
+    python -m benchmarks.calibrate_model                      # evaluate the committed constants (RooflineParams)
+    python -m benchmarks.calibrate_model --fit                # refit the free constants, print them
+    python -m benchmarks.calibrate_model --shape              # also the concurrency sweep per target
+    python -m benchmarks.calibrate_model --write-doc docs/benchmarks/model.md   # regenerate the report's tables
 
 The points live in ``benchmarks/data/model_calibration.yaml`` (sources and setups there); the test
 ``tests/test_model_backend_calibration.py`` reads the same file. Each point predicts a published figure with
@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import functools
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +31,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from autotune.backends._roofline import RooflineParams  # noqa: E402
-from autotune.backends.model import ModelBackend  # noqa: E402
-from autotune.catalogs import acceptance_survival, get_drafter  # noqa: E402
-from autotune.spec import MAX_K, Scenario, SpecConfig  # noqa: E402
-from autotune.workloads import Workload, WorkloadRequest  # noqa: E402
-from policies import AcceptanceProfile  # noqa: E402
+from autotune.backends import ModelBackend, RooflineParams
+from autotune.catalogs import acceptance_survival, get_drafter
+from autotune.spec import MAX_K, Scenario, SpecConfig
+from autotune.workloads import Workload, WorkloadRequest
+from benchmarks.common import REPO
+from policies import AcceptanceProfile
 
 DATA = REPO / "benchmarks" / "data" / "model_calibration.yaml"
 

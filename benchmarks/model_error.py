@@ -2,9 +2,9 @@
 
 Usage::
 
-    # the bundle of a quiet `python benchmarks/bench_runtime.py --rounds 3 --workdir DIR` run:
-    python benchmarks/validate_simulate.py --runtime-workdir DIR --bundle B.json
-    python benchmarks/model_error.py --bundle B.json [--out FILE]
+    # the bundle of a quiet `python -m benchmarks.bench_runtime --rounds 3 --workdir DIR` run:
+    python -m benchmarks.validate_simulate --runtime-workdir DIR --bundle B.json
+    python -m benchmarks.model_error --bundle B.json [--out FILE]
 
 No engine runs here. The bundle holds a profile made with the ``--baseline`` launch (``bundle['profile']``,
 `autotune.profiling.ProfileResult.to_dict()`) and separate measured runs of every config, interleaved over rounds
@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import round_tokens_per_s
 
 NO_SPEC = "no speculation"
 GOAL = 0.10
@@ -59,19 +58,6 @@ class Row:
         if self.predicted is None or not self.median:
             return None
         return self.predicted / self.median - 1.0
-
-
-def measured_tps(results: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    """Output tokens/s of each round that ran `key` ("c8:shifting"): its phases' output tokens over their wall time
-    (the same figure as benchmarks/validate_simulate.py)."""
-    values = []
-    for r in results:
-        phases = r.get(key)
-        if phases:
-            wall = sum(float(p["wall_s"]) for p in phases)
-            if wall > 0:
-                values.append(sum(float(p["output_tokens"]) for p in phases) / wall)
-    return values
 
 
 def bundle_workload(name: str, phases: Sequence[Sequence[Mapping[str, Any]]], limit: int | None = None) -> Any:
@@ -109,7 +95,7 @@ def _config(meta: Mapping[str, Any], profile: Mapping[str, Any], concurrency: in
 def predict(bundle: Mapping[str, Any]) -> dict[tuple[int, str, str], float | None]:
     """(concurrency, config, workload) -> tok/s predicted from the bundle's profile alone (None: a config kind the model
     backend does not price). Goes through the CLI's public path for profiles (module docstring)."""
-    from autotune.backends.model import ModelBackend, RooflineParams
+    from autotune.backends import ModelBackend, RooflineParams
     from autotune.catalogs import get_drafter, resolve_model
     from autotune.errors import PeagleError
     from autotune.profiling import predictor_from_profile
@@ -156,7 +142,7 @@ def compare(
             if predicted.get((c, label, next(iter(bundle["workloads"])))) is None:
                 continue  # not a model-backend config (the vLLM schedule, adaptive): listed once below
             for name in bundle["workloads"]:
-                measured = measured_tps(bundle["runs"].get(label) or [], f"c{c}:{name}")
+                measured = round_tokens_per_s(bundle["runs"].get(label) or [], f"c{c}:{name}")
                 rows.append(Row(c, label, name, predicted[(c, label, name)], measured))
     skipped = [label for label in bundle["configs"]
                if all(predicted.get((int(c), label, n)) is None
@@ -196,7 +182,7 @@ def compare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, required=True, help="JSON bundle of benchmarks/validate_simulate.py")
+    parser.add_argument("--bundle", type=Path, required=True, help="JSON bundle of benchmarks.validate_simulate")
     parser.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     args = parser.parse_args(argv)
     bundle = json.loads(args.bundle.read_text())

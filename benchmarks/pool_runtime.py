@@ -1,10 +1,10 @@
-"""Pool the per-round ratios of several `bench_runtime.py` runs (a script that prints figures, not a test).
+"""Pool the per-round ratios of several `benchmarks.bench_runtime` runs (a script that prints figures, not a test).
 
 Usage::
 
-    python benchmarks/pool_runtime.py DIR [DIR ...]
+    python -m benchmarks.pool_runtime DIR [DIR ...]
 
-``DIR``: a work directory of ``benchmarks/bench_runtime.py`` (its ``rounds.json``). Per run and workload, the best
+``DIR``: a work directory of ``benchmarks.bench_runtime`` (its ``rounds.json``). Per run and workload, the best
 static configuration (no speculation or static K=1..4) is the one with the highest median tok/s over the run's
 rounds; each round then gives one ratio, adaptive (new) over that configuration in the same round. The entropic
 phase (the shifting workload's second phase) is compared with no speculation, and so is the idle drafter (the
@@ -19,25 +19,13 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+
+from benchmarks.common import quantile, tokens_per_s
 
 STATIC = ("no speculation", "static K=1", "static K=2", "static K=3", "static K=4")
 ADAPTIVE = "adaptive (new)"
 IDLE = "idle drafter (depth 0)"
 WORKLOADS = ("c1:shifting", "c1:stationary", "c8:shifting", "c8:stationary")
-
-
-def tokens_per_s(phases: list[dict[str, Any]], index: int | None = None) -> float:
-    chosen = phases if index is None else [phases[index]]
-    return sum(p["output_tokens"] for p in chosen) / sum(p["wall_s"] for p in chosen)
-
-
-def quantile(values: list[float], q: float) -> float:
-    xs = sorted(values)
-    i = q * (len(xs) - 1)
-    lo = int(i)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
 
 def main(argv: list[str]) -> int:

@@ -2,14 +2,14 @@
 
 Usage::
 
-    # 1. measure: runs benchmarks/bench_runtime.py (needs vLLM and a QUIET machine; ~15 min on 2 cores) ...
-    python benchmarks/validate_simulate.py --engine --bundle /tmp/validate.json [--rounds 3] [--workdir DIR]
-    #    ... or take the bundle from a bench_runtime.py run already made (its --workdir)
-    python benchmarks/validate_simulate.py --runtime-workdir DIR --bundle /tmp/validate.json
+    # 1. measure: runs benchmarks.bench_runtime (needs vLLM and a QUIET machine; ~15 min on 2 cores) ...
+    python -m benchmarks.validate_simulate --engine --bundle validate.json [--rounds 3] [--workdir DIR]
+    #    ... or take the bundle from a bench_runtime run already made (its --workdir)
+    python -m benchmarks.validate_simulate --runtime-workdir DIR --bundle validate.json
     # 2. simulate and compare (no engine; seconds)
-    python benchmarks/validate_simulate.py --bundle /tmp/validate.json [--out FILE]
+    python -m benchmarks.validate_simulate --bundle validate.json [--out FILE]
 
-The measurements are those of ``benchmarks/bench_runtime.py`` (one offline ``vllm.LLM`` engine per config, all
+The measurements are those of ``benchmarks.bench_runtime`` (one offline ``vllm.LLM`` engine per config, all
 resident, configs interleaved in rounds; shifting and stationary workloads closed-loop at each concurrency, at c=1
 the first ``--c1-requests`` of each phase one at a time): its profile of the drafter (``autotune.profiling.profile``,
 one launch at K_max with the depth plan plus one without speculation: acceptance per class, the fitted step-cost
@@ -30,8 +30,8 @@ a skipped drafter's step costs what the profile measured (speculative launch's d
 no-speculation launch's), the drafter's prompt tokens and catch-up replay cost the fit's per-token time times
 r/(1+r), r the drafter/target weight ratio (from the two models' config.json), and each adaptive config adds the
 scheduler plugin's own host time per step measured in its run (``overhead_ms / steps`` of its plugin statistics);
-and the engine core's draft fetch after each drafting step at its mean in the profile's speculative launch (the plugin
-times it since 2026-12-03; older runs: 0 unless ``--draft-fetch-ms`` gives it); prompt tokens at the target's price
+and the engine core's draft fetch after each drafting step at its mean in the profile's speculative launch (runs whose
+plugin did not time it: 0 unless ``--draft-fetch-ms`` gives it); prompt tokens at the target's price
 measured on the profile's no-speculation steps with prompts (`autotune.simulate.prompt_token_costs`). And, with or
 without the terms, vLLM's prefix cache as the benchmark's engines have it (on, 128-token blocks on the CPU backend,
 emptied at the start of each round, the runs of a round in the bench's order: `round_caches`; each figure the mean
@@ -56,21 +56,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from benchmarks.common import round_tokens_per_s
+
 NO_SPEC = "no speculation"
 CPU_BLOCK_SIZE = 128
 """vLLM's KV-cache block size on its CPU backend (``vllm/platforms/cpu.py``), the unit of its prefix cache."""
 
 
 # ================================================================================================= step 1: measure
-def _bench() -> Any:
-    sys.path.insert(0, str(HERE))
-    import bench_runtime
-
-    return bench_runtime
-
-
 def _find_traces(root: Path) -> list[dict[str, Any]]:
     """Traces of the speculative profile launch: the plugin-stats.json files under ``root`` that hold any."""
     traces: list[dict[str, Any]] = []
@@ -131,7 +124,7 @@ def _draft_fetch(root: Path) -> dict[str, Any]:
 
 def _plugin_host_time(workdir: Path, configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per adaptive config, the plugin's own host time in its measured run: ``overhead_ms / steps`` of the plugin
-    statistics bench_runtime.py wrote (adaptive-new-stats.json with drafter width, adaptive-trim-stats.json without)."""
+    statistics bench_runtime wrote (adaptive-new-stats.json with drafter width, adaptive-trim-stats.json without)."""
     out: dict[str, dict[str, Any]] = {}
     for label, meta in configs.items():
         if meta.get("kind") != "adaptive":
@@ -172,11 +165,11 @@ def _model_configs(profile: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
-    """The bundle of a finished ``bench_runtime.py --workdir DIR`` run (its bench.json, profile.json, rounds.json,
+    """The bundle of a finished ``bench_runtime --workdir DIR`` run (its bench.json, profile.json, rounds.json,
     the profile launch's recorded traces, the adaptive configs' plugin host time and the two models' configs)."""
     missing = [n for n in ("bench.json", "profile.json", "rounds.json") if not (workdir / n).is_file()]
     if missing:
-        raise SystemExit(f"{workdir} lacks {missing}: is it the --workdir of a finished bench_runtime.py run?")
+        raise SystemExit(f"{workdir} lacks {missing}: is it the --workdir of a finished bench_runtime run?")
     bench = json.loads((workdir / "bench.json").read_text())
     profile = json.loads((workdir / "profile.json").read_text())
     return {
@@ -200,11 +193,13 @@ def bundle_from_runtime(workdir: Path) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run bench_runtime.py (profile + every config in ``args.rounds`` interleaved rounds) and return its bundle."""
+    """Run benchmarks.bench_runtime (profile + every config in ``args.rounds`` interleaved rounds); its bundle."""
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="peagle-validate-simulate-"))
     argv = ["--workdir", str(workdir), "--rounds", str(args.rounds), "--out", str(workdir / "runtime.md")]
-    if _bench().main(argv) != 0:
-        raise SystemExit("bench_runtime.py failed; see its output above.")
+    from benchmarks import bench_runtime
+
+    if bench_runtime.main(argv) != 0:
+        raise SystemExit("benchmarks.bench_runtime failed; see its output above.")
     return bundle_from_runtime(workdir)
 
 
@@ -242,7 +237,7 @@ def _prompt_key(prompt: str) -> str:
 
 def round_caches(bundle: Mapping[str, Any]) -> dict[tuple[int, str], list[set[str]]]:
     """Per (concurrency, workload), the prompts vLLM's prefix cache holds when that run starts, once per round order:
-    bench_runtime.py empties the cache at the start of each round, then runs the concurrencies and workloads in its
+    bench_runtime empties the cache at the start of each round, then runs the concurrencies and workloads in its
     job's order in even rounds and in reverse in odd ones (c=1 runs the first ``c1_requests`` of each phase). The
     measured figure is a median over rounds of both orders."""
     concurrencies = [int(c) for c in bundle["concurrencies"]]
@@ -257,16 +252,6 @@ def round_caches(bundle: Mapping[str, Any]) -> dict[tuple[int, str], list[set[st
                 for phase in bundle["workloads"][name]:
                     seen.update(_prompt_key(str(r["prompt"])) for r in phase[: limit if c == 1 else None])
     return out
-
-
-def _measured_tps(results: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    """tok/s of each round's ``key`` ("c8:shifting"): all its phases' tokens over their summed wall time."""
-    values = []
-    for r in results:
-        phases = r.get(key)
-        if phases:
-            values.append(sum(p["output_tokens"] for p in phases) / sum(p["wall_s"] for p in phases))
-    return values
 
 
 def _sim_config(meta: Mapping[str, Any], setup: Any, plugin_ms: float = 0.0, off_steps: str | None = None) -> Any:
@@ -432,14 +417,14 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
         # are different engines: thread placement and memory layout move every step time alike). Simulated time is
         # proportional to the scale, so it is the ratio of simulated to measured tok/s, averaged over workloads.
         scale = statistics.mean(
-            run(NO_SPEC, w, 1.0) / statistics.median(_measured_tps(runs[NO_SPEC], f"c{c}:{w}")) for w in phases
+            run(NO_SPEC, w, 1.0) / statistics.median(round_tokens_per_s(runs[NO_SPEC], f"c{c}:{w}")) for w in phases
         )
         notes.append(f"c={c}: step-time scale fitted on no speculation alone: {scale:.3f}.")
         for label, meta in bundle["configs"].items():
             if meta.get("kind") == "idle":  # a measured ceiling (the drafter pinned at depth 0), not simulated
                 continue
             for workload in phases:
-                measured_all = _measured_tps(runs.get(label) or [], f"c{c}:{workload}")
+                measured_all = round_tokens_per_s(runs.get(label) or [], f"c{c}:{workload}")
                 row: dict[str, Any] = {"concurrency": c, "config": label, "workload": workload, "measured": None}
                 if measured_all:
                     measured = statistics.median(measured_all)
@@ -491,12 +476,12 @@ def compare(bundle: Mapping[str, Any], *, seed: int = 0, terms: bool = True,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", action="store_true",
-                        help="measure: run bench_runtime.py (starts vLLM engines), write --bundle")
+                        help="measure: run bench_runtime (starts vLLM engines), write --bundle")
     parser.add_argument("--runtime-workdir", type=Path, default=None,
-                        help="write --bundle from the --workdir of a finished bench_runtime.py run")
+                        help="write --bundle from the --workdir of a finished bench_runtime run")
     parser.add_argument("--bundle", type=Path, required=True, help="the JSON bundle (written by the two above)")
     parser.add_argument("--rounds", type=int, default=3, help="with --engine: rounds, each runs every config once")
-    parser.add_argument("--workdir", type=Path, default=None, help="with --engine: bench_runtime.py's work directory")
+    parser.add_argument("--workdir", type=Path, default=None, help="with --engine: bench_runtime's work directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fit-only", action="store_true",
                         help="price steps with the profile's fit alone (no skipped-drafter, drafter-token or plugin "

@@ -1,4 +1,5 @@
-"""Load a repository script (benchmarks/*.py, scripts/*.py) as a module, for the tests that check its pure parts."""
+"""Load a repository script (scripts/*.py) as a module, for the tests that check its pure parts (the benchmarks are
+the `benchmarks` package, imported as such)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def load_script(relative: str) -> ModuleType:
-    """``relative``: the script's path from the repository root, e.g. ``"benchmarks/model_error.py"``. Its directory
-    goes on ``sys.path`` (benchmark scripts import each other) and the module into ``sys.modules`` (dataclasses look
+    """``relative``: the script's path from the repository root, e.g. ``"scripts/quickstart.py"``. Its directory
+    goes on ``sys.path`` (a script may import its neighbours) and the module into ``sys.modules`` (dataclasses look
     their module up while the class is created)."""
     path = REPO / relative
     sys.path.insert(0, str(path.parent))

@@ -1,22 +1,22 @@
 """The model backend against published throughput: the calibration points of benchmarks/data/model_calibration.yaml,
-evaluated by the same code as benchmarks/calibrate_model.py, with the committed RooflineParams constants."""
+evaluated by the same code as benchmarks.calibrate_model, with the committed RooflineParams constants."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 
-from autotune.backends._roofline import RooflineParams
+from autotune.backends import RooflineParams
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_script() -> ModuleType:
-    return load_script("benchmarks/calibrate_model.py")
+    return importlib.import_module("benchmarks.calibrate_model")
 
 
 calibrate = _load_script()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 
 from policies import StepCostModel
 
@@ -16,7 +16,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "models"
 
 
 def _module(name: str) -> ModuleType:
-    return load_script(f"benchmarks/{name}.py")
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 COST = StepCostModel({"base": 4.0, "per_request": 0.3, "per_verified_token": 0.12, "drafter_fixed": 2.5,

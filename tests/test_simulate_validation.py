@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 
 from autotune.simulate import FittedStepCost, Phase, SimRequest, profile_setup, simulate
 from autotune.workloads import load_workload
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _module(name: str) -> ModuleType:
-    return load_script(f"benchmarks/{name}.py")
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 COST = StepCostModel({"base": 4.0, "per_request": 0.3, "per_verified_token": 0.12, "drafter_fixed": 2.5,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.backends.in_launch import InLaunchBackend
-from autotune.backends.model import ModelBackend
+from autotune.backends.model import ModelBackend, RooflineParams
 from autotune.backends.vllm import VLLMBackend, vllm_available
 
-__all__ = ["Backend", "InLaunchBackend", "ModelBackend", "VLLMBackend", "vllm_available"]
+__all__ = ["Backend", "InLaunchBackend", "ModelBackend", "RooflineParams", "VLLMBackend", "vllm_available"]
