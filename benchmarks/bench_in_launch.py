@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_in_launch.py [--rounds 3] [--ks 1,2,3,4] [--concurrency 1,8] [--drafter drafter-1l]
+    python -m benchmarks.bench_in_launch [--rounds 3] [--ks 1,2,3,4] [--concurrency 1,8] [--drafter drafter-1l]
         [--models DIR] [--workload FILE] [--out benchmarks/data/in_launch_cpu_fixtures.json]
 
 A search with the vllm backend measures every static K of a drafter in one engine started at K_max, each phase's
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import random
 import statistics
 from collections.abc import Sequence
@@ -30,23 +29,13 @@ from autotune.backends import InLaunchBackend, VLLMBackend
 from autotune.environment import detect_environment
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
+from benchmarks.common import DEFAULT_MODELS, DEFAULT_WORKLOAD, REPO, load_average, spread
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
-DEFAULT_WORKLOAD = REPO / "examples" / "workloads" / "fixture.jsonl"
 DEFAULT_OUT = REPO / "benchmarks" / "data" / "in_launch_cpu_fixtures.json"
-
-
-def _load() -> float:
-    return os.getloadavg()[0]
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rng.shuffle(todo)
             for config, scenario in todo:
                 backend = in_launch if mode == "in-launch" else fresh
-                load = _load()
+                load = load_average()
                 m = backend.measure(config, workload, scenario)
                 rows.append({
                     "round": r, "mode": mode, "config": config.label(), "k": config.k,
@@ -132,8 +121,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def render(report: dict[str, Any]) -> str:
     lines = ["| c | config | in-launch tok/s | fresh tok/s | fresh / in-launch |", "|---|---|---:|---:|---:|"]
     for e in report["configs"]:
-        lines.append(f"| {e['concurrency']} | {e['config']} | {_spread(e['in_launch'])} | {_spread(e['fresh'])} | "
-                     f"{_spread(e['ratios'])} |")
+        lines.append(f"| {e['concurrency']} | {e['config']} | {spread(e['in_launch'], 3)} | {spread(e['fresh'], 3)} | "
+                     f"{spread(e['ratios'], 3)} |")
     loads = report["load_before"]
     lines.append("")
     if report["median_ratio"] is not None:

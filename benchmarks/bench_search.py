@@ -2,10 +2,10 @@
 
 Usage::
 
-    python benchmarks/bench_search.py --measure-grid [--models DIR] [--workload FILE]   # ~30 launches, ~25 min
-    python benchmarks/bench_search.py --replay [--seeds 20] [--out docs/benchmarks/search.md]
-    python benchmarks/bench_search.py --live   [--models DIR] [--workload FILE]          # model-guided, real engine
-    python benchmarks/bench_search.py --profile-baseline                                  # 3 launches
+    python -m benchmarks.bench_search --measure-grid [--models DIR] [--workload FILE]   # ~30 launches, ~25 min
+    python -m benchmarks.bench_search --replay [--seeds 20] [--out docs/benchmarks/search.md]
+    python -m benchmarks.bench_search --live   [--models DIR] [--workload FILE]          # model-guided, real engine
+    python -m benchmarks.bench_search --profile-baseline                                  # 3 launches
 
 ``--measure-grid`` measures every config of a small space on the real engine (vLLM CPU build, `VLLMBackend`, one
 fresh engine per config): drafters {drafter-1l, drafter-2l} (PARD ``draft_model`` drafters with parallel drafting)
@@ -38,23 +38,20 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from autotune.backends import Backend
+from autotune.measurement import Measurement, Provenance
+from autotune.search import DrafterChoice, SearchSpace
+from autotune.spec import Scenario, SpecConfig
+from autotune.workloads import Workload, load_workload
+from benchmarks.common import DEFAULT_MODELS, REPO
+from benchmarks.common import DEFAULT_WORKLOAD as FIXTURE_WORKLOAD
 
-from autotune.backends.base import Backend  # noqa: E402
-from autotune.measurement import Measurement, Provenance  # noqa: E402
-from autotune.search import DrafterChoice, SearchSpace  # noqa: E402
-from autotune.spec import Scenario, SpecConfig  # noqa: E402
-from autotune.workloads import Workload, load_workload  # noqa: E402
-
-DEFAULT_MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
-DEFAULT_WORKLOAD = Path(os.environ.get("PEAGLE_TEST_WORKLOAD", REPO / "examples" / "workloads" / "fixture.jsonl"))
+DEFAULT_WORKLOAD = Path(os.environ.get("PEAGLE_TEST_WORKLOAD", FIXTURE_WORKLOAD))
 DEFAULT_DATA = REPO / "benchmarks" / "data" / "grid_cpu_fixtures.json"
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "search.md"
 DRAFTERS = ("drafter-1l", "drafter-2l")
@@ -98,7 +95,7 @@ def config_key(config: SpecConfig | Mapping[str, Any]) -> str:
 
 
 def _vllm_backend(models: Path) -> Any:
-    from autotune.backends.vllm import VLLMBackend
+    from autotune.backends import VLLMBackend
 
     return VLLMBackend(
         str(models / "target"), timeout_s=900.0, ignore_eos=True, env=ENGINE_ENV, cpu_kv_cache_gib=1,
