@@ -18,7 +18,8 @@ from autotune.cli._common import canonical_model, console, db_option, errors, op
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory for index.html and the PNG figures (created if missing).",
 )
-@click.option("--force", is_flag=True, help="Overwrite an existing index.html in --out.")
+@click.option("--force", is_flag=True, help="Replace an existing index.html and figures in --out (each atomically; a "
+              "symbolic link is replaced, never followed).")
 @db_option
 @errors
 def report(model: str | None, out_dir: Path, force: bool, db_url: str | None) -> None:

@@ -1,4 +1,5 @@
-"""One function per report figure; each writes a PNG and returns its path.
+"""One function per report figure; each writes a PNG and returns its path (drawn in memory, then written by
+`autotune.safe_io.write_file`: a file or link at the path is replaced, a link's target never written).
 
 matplotlib is imported lazily (Agg backend, no display needed). Every figure carries its provenance line (measured:
 device, vLLM version, date; predicted: backend, GPU assumed, profile used) under the plot.
@@ -6,12 +7,14 @@ device, vLLM version, date; predicted: backend, GPU assumed, profile used) under
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from autotune.report._series import AcceptanceData, GoodputData, SimulationData, StepCostData, StudyData
+from autotune.safe_io import write_file
 
 DPI = 110
 _SHAPES = ("o", "s", "^", "D", "v", "P", "X", "h")
@@ -31,7 +34,8 @@ def _pyplot() -> Any:
 
 
 def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float, legend_rows: int = 0) -> Path:
-    """Title on top, wrapped provenance caption at the bottom, tight layout, save, close."""
+    """Title on top, wrapped provenance caption at the bottom, tight layout, close; the PNG replaces `path`
+    (`autotune.safe_io.write_file`)."""
     wrap = max(60, int(_WRAP_PER_INCH * width_in))
     lines = textwrap.wrap(caption, wrap)
     title_lines = textwrap.wrap(title, int(width_in * 8.5))
@@ -45,10 +49,12 @@ def _finish(fig: Any, title: str, caption: str, path: Path, *, width_in: float, 
             legend.set_bbox_to_anchor((0.5, bottom), transform=fig.transFigure)
         bottom += (0.2 * legend_rows + 0.1) / height
     fig.tight_layout(rect=(0, bottom, 1, 1))  # tight_layout makes room for the suptitle itself
-    path.parent.mkdir(parents=True, exist_ok=True)
+    png = io.BytesIO()
     # bbox "tight" keeps legends placed outside the axes inside the image.
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+    fig.savefig(png, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.15)
     _pyplot().close(fig)
+    # Through the one writer: a link at `path` is replaced, not written through; the caller checked --force.
+    write_file(path, png.getvalue(), force=True)
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from autotune.errors import UsageError
 from autotune.report import _plots as plots
 from autotune.report import _series as series
 from autotune.report._html import Figure, ModelSection, render_page
+from autotune.safe_io import check_target, write_file
 from store import ProfileRecord, RecommendationRecord, Store, TrialRecord, mask_password
 
 INDEX = "index.html"
@@ -28,8 +30,30 @@ SECTIONS = (
 )
 
 
+#: Longest figure file name stem: far below the 255 bytes file systems allow, whatever the study name's length.
+MAX_STEM = 120
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower() or "x"
+
+
+def figure_name(prefix: str, name: str, taken: set[str]) -> str:
+    """A PNG file name for figure `name` of the model `prefix`: letters, digits, dots and dashes only, at most
+    `MAX_STEM` characters before ``.png``, and not in `taken` (two names that slug alike, or are cut alike, get a
+    hash of the whole name); the name returned is added to `taken`.
+
+    >>> figure_name("m", "trials-Study 1", set())
+    'm-trials-study-1.png'
+    """
+    stem = f"{prefix}-{_slug(name)}"
+    if len(stem) > MAX_STEM or f"{stem}.png" in taken:
+        digest = hashlib.sha256(f"{prefix}\0{name}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        stem = f"{stem[:MAX_STEM - 13]}-{digest}"
+    while f"{stem}.png" in taken:  # the same name twice: number it
+        stem += "-2"
+    taken.add(f"{stem}.png")
+    return f"{stem}.png"
 
 
 def _latest_per_key(recs: Sequence[RecommendationRecord]) -> list[RecommendationRecord]:
@@ -61,18 +85,22 @@ def _latest_profiles(profiles: Sequence[ProfileRecord]) -> list[ProfileRecord]:
 
 
 class _Builder:
-    """Draws one model's figures into `out_dir`, collecting them per section."""
+    """Plans one model's figures in `out_dir`, collecting them per section; `drawings` are drawn once every file
+    the report writes has been checked."""
 
-    def __init__(self, out_dir: Path, model: str) -> None:
+    def __init__(self, out_dir: Path, model: str, taken: set[str]) -> None:
         self.out_dir = out_dir
-        self.prefix = _slug(series.short_name(model))
+        self.prefix = _slug(series.short_name(model))[:MAX_STEM // 2]
+        self.taken = taken
         self.section = ModelSection(model=model, latest=[], recommendations=[])
         self.section.figures = {title: [] for title in SECTIONS}
+        self.drawings: list[tuple[Callable[[Any, Path], Path], Any, Path]] = []
 
     def add(
         self, title: str, name: str, draw: Callable[[Any, Path], Path], data: Any, kind: str, caption: str
     ) -> None:
-        path = draw(data, self.out_dir / f"{self.prefix}-{_slug(name)}.png")
+        path = self.out_dir / figure_name(self.prefix, name, self.taken)
+        self.drawings.append((draw, data, path))
         heading = getattr(data, "title", name)
         self.section.figures[title].append(
             Figure(file=path.name, heading=str(heading), how_to_read="", kind=kind, caption=caption)
@@ -154,18 +182,19 @@ def write_report(
     the same figures predicted by the model backend; then the trials of each study. Each figure says whether its
     numbers are measured or predicted.
 
-    Raises UsageError when the store holds nothing for `model` (run `peagle-tune search` first) or when
-    `out_dir/index.html` exists and `force` is False.
+    Every file goes through `autotune.safe_io.write_file` (whole or not at all, a link replaced and never written
+    through, only regular files replaced). All of them are checked before the first is written, so a refusal
+    changes nothing.
+
+    Raises UsageError when the store holds nothing for `model` (run `peagle-tune search` first), or when
+    `out_dir/index.html` or a figure's file exists and `force` is False, or is not a regular file or a link.
     """
     out = Path(out_dir).expanduser()
     index = out / INDEX
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out must be a directory, but {out} is a file. Choose a directory path.")
-    if index.exists() and not force:
-        raise UsageError(
-            f"{index} already exists; a report is not overwritten by default. Pass --force to replace it, or choose "
-            "another --out directory."
-        )
+    if out.is_dir():  # refused before reading the store and drawing
+        check_target(index, force=force)
     recs = store.list_recommendations(model=model)
     profiles = store.list_profiles(model=model)
     trials = store.list_trials(model=model)
@@ -180,8 +209,11 @@ def write_report(
         )
     out.mkdir(parents=True, exist_ok=True)
     sections = []
+    builders = []
+    taken: set[str] = {INDEX}
     for name in models:
-        builder = _Builder(out, name)
+        builder = _Builder(out, name, taken)
+        builders.append(builder)
         model_recs = [r for r in recs if r.model == name]
         builder.section.recommendations = model_recs
         builder.section.latest = _latest_per_key(model_recs)
@@ -209,8 +241,13 @@ def write_report(
             else:
                 builder.study(study, by_study[study])
         sections.append(builder.section)
+    drawings = [drawing for builder in builders for drawing in builder.drawings]
+    for path in [index, *(path for _draw, _data, path in drawings)]:
+        check_target(path, force=force)
+    for draw, data, path in drawings:
+        draw(data, path)
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    index.write_text(render_page(sections, db=mask_password(store.url), generated=generated), encoding="utf-8")
+    write_file(index, render_page(sections, db=mask_password(store.url), generated=generated), force=True)
     return index
 
 
