@@ -22,6 +22,8 @@ from store._store import Store, upgrade
 from store._studies import Direction
 from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
 from store.exceptions import (
+    BadRowError,
+    BadRowWarning,
     DatabaseCorruptError,
     DatabaseFullError,
     DatabaseLockedError,
@@ -34,6 +36,8 @@ from store.exceptions import (
 )
 
 __all__ = [
+    "BadRowError",
+    "BadRowWarning",
     "DB_ENV_VAR",
     "DatabaseCorruptError",
     "DatabaseFullError",

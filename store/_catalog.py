@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import select
 
 from store import _validate as v
+from store._bad_rows import readable
 from store._models import Drafter, Model, utcnow
 from store._records import DrafterRecord, ModelRecord
 from store._rows import Repository, get_or_create, named_row, record_of, set_given, where_given
@@ -63,7 +65,7 @@ class Drafters(_Named):
         """
         v.text("drafter name", name)
         v.text("drafter target", target)
-        v.text("drafter method", method)
+        v.text("drafter method", method, limit=v.SHORT_CHARS)
         return self._upsert(
             Drafter,
             name,
@@ -82,4 +84,4 @@ class Drafters(_Named):
         """Drafters (of `target` if given), by name."""
         query = where_given(select(Drafter).order_by(Drafter.name), (target, Drafter.target == target))
         with self._session() as session:
-            return [record_of(DrafterRecord, row) for row in session.scalars(query)]
+            return list(readable(session.scalars(query), functools.partial(record_of, DrafterRecord), self._bad_row))

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.pool import StaticPool
 
+from store._bad_rows import tolerant_json_loads
 from store._url import MAX_LOCK_TIMEOUT_S, SqliteFile, is_sqlite_memory, mask_password, parse_db_url, sqlite_file
 from store.exceptions import DatabaseUnavailableError
 
@@ -76,6 +77,8 @@ def open_engine(url: str, *, lock_timeout_s: float | None = None) -> tuple[Engin
         kwargs = {"creator": lambda: sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=timeout_s)}
         # The query went into the URI; without it SQLAlchemy neither warns about nor re-reads the options.
         parsed = parsed.set(database=str(file.path), query={})
+    # One row's unparseable JSON is that row's problem (reported and skipped by listings), not the whole query's.
+    kwargs["json_deserializer"] = tolerant_json_loads
     try:
         engine = create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ModuleNotFoundError, ImportError) as exc:

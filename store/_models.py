@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from store._validate import DEVICE_CHARS, HASH_CHARS, NAME_CHARS, SHORT_CHARS
+
 #: Prefix of every table peagle-tune owns in a database it may share with Optuna.
 TABLE_PREFIX = "peagle_"
 #: Alembic's version table for our schema (Optuna's Alembic uses the default ``alembic_version``).
@@ -41,8 +43,8 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-_NAME = 300  # model / drafter / workload / study names and HF ids
-_SHORT = 64  # versions, methods, objectives, backends
+_NAME = NAME_CHARS  # model / drafter / workload / study names and HF ids
+_SHORT = SHORT_CHARS  # versions, methods, objectives, backends
 
 
 def utcnow() -> dt.datetime:
@@ -73,7 +75,7 @@ class Environment(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    device: Mapped[str] = mapped_column(String(200), nullable=False)
+    device: Mapped[str] = mapped_column(String(DEVICE_CHARS), nullable=False)
     gpu_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     driver: Mapped[str] = mapped_column(String(_SHORT), nullable=False, default="")
     vllm_version: Mapped[str] = mapped_column(String(_SHORT), nullable=False, default="")
@@ -110,7 +112,7 @@ class Workload(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(_NAME), nullable=False)
-    content_hash: Mapped[str] = mapped_column(String(128), nullable=False, unique=True)
+    content_hash: Mapped[str] = mapped_column(String(HASH_CHARS), nullable=False, unique=True)
     classes: Mapped[list[str]] = _json()
     source: Mapped[str] = mapped_column(Text, nullable=False, default="")
     created_at: Mapped[dt.datetime] = _created_at()
@@ -177,10 +179,10 @@ class Recommendation(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model: Mapped[str] = mapped_column(String(_NAME), nullable=False, index=True)
-    gpu: Mapped[str] = mapped_column(String(200), nullable=False)
+    gpu: Mapped[str] = mapped_column(String(DEVICE_CHARS), nullable=False)
     vllm_version: Mapped[str | None] = mapped_column(String(_SHORT), nullable=True)
     workload_name: Mapped[str | None] = mapped_column(String(_NAME), nullable=True)
-    workload_hash: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    workload_hash: Mapped[str | None] = mapped_column(String(HASH_CHARS), nullable=True, index=True)
     objective: Mapped[str] = mapped_column(String(_SHORT), nullable=False)
     scenario: Mapped[dict[str, Any]] = _json()
     best_config: Mapped[dict[str, Any]] = _json()

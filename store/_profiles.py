@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Select, select
 
 from store import _validate as v
+from store._bad_rows import checked, readable
 from store._environments import environment_record
 from store._models import PROFILE_KINDS, Environment, Profile, Workload, utcnow
 from store._records import ProfileRecord
@@ -45,7 +46,7 @@ class Profiles(Repository):
             model=v.text("model", model),
             drafter=v.optional_text("drafter", drafter),
             drafter_layers=v.optional_integer("drafter_layers", drafter_layers, minimum=1),
-            method=v.text("method", method),
+            method=v.text("method", method, limit=v.SHORT_CHARS),
             parallel_drafting=bool(parallel_drafting),
             max_k=v.integer("max_k", max_k, minimum=0),
             environment_id=v.integer("environment_id", environment_id, minimum=1),
@@ -86,7 +87,7 @@ class Profiles(Repository):
         """Profiles (filtered by model/drafter if given), newest first."""
         query = limited(_newest_first(model=model, drafter=drafter), limit)
         with self._session() as session:
-            return [profile_record(row) for row in session.scalars(query).unique()]
+            return list(readable(session.scalars(query).unique(), profile_record, self._bad_row))
 
     def latest_profile(
         self,
@@ -100,8 +101,7 @@ class Profiles(Repository):
         """The newest profile of `model` matching every filter given, or None if there is none."""
         query = _newest_first(model=model, drafter=drafter, device=device, workload_hash=workload_hash, kind=kind)
         with self._session() as session:
-            row = session.scalars(query.limit(1)).unique().first()
-            return None if row is None else profile_record(row)
+            return next(readable(session.scalars(query).unique(), profile_record, self._bad_row), None)
 
 
 def _newest_first(
@@ -128,7 +128,7 @@ def _newest_first(
 def profile_record(row: Profile) -> ProfileRecord:
     """The record of a profile row, with its environment's and workload's identifying fields flattened in."""
     env = environment_record(row.environment)
-    workload = row.workload
+    workload = None if row.workload is None else checked(row.workload)
     return record_of(
         ProfileRecord,
         row,

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Select, select
 
 from store import _validate as v
+from store._bad_rows import readable
 from store._models import Recommendation, utcnow
 from store._records import RecommendationRecord
 from store._rows import Repository, get_row, limited, record_of, where_given
@@ -37,11 +38,11 @@ class Recommendations(Repository):
         """Store a recommendation for `model` on `gpu` ("cpu" or GPU name); returns its id."""
         row = Recommendation(
             model=v.text("model", model),
-            gpu=v.text("gpu", gpu),
-            vllm_version=v.optional_text("vllm_version", vllm_version),
+            gpu=v.text("gpu", gpu, limit=v.DEVICE_CHARS),
+            vllm_version=v.optional_text("vllm_version", vllm_version, limit=v.SHORT_CHARS),
             workload_name=v.optional_text("workload_name", workload_name),
-            workload_hash=v.optional_text("workload_hash", workload_hash),
-            objective=v.text("objective", objective),
+            workload_hash=v.optional_text("workload_hash", workload_hash, limit=v.HASH_CHARS),
+            objective=v.text("objective", objective, limit=v.SHORT_CHARS),
             scenario=v.json_dict("scenario", scenario),
             best_config=v.json_dict("best_config", best_config),
             metrics=v.json_dict("metrics", metrics),
@@ -66,7 +67,7 @@ class Recommendations(Repository):
         """Recommendations (for `model` if given), newest first."""
         query = limited(_newest_first(model=model), limit)
         with self._session() as session:
-            return [recommendation_record(row) for row in session.scalars(query)]
+            return list(readable(session.scalars(query), recommendation_record, self._bad_row))
 
     def latest_recommendation(
         self,
@@ -79,8 +80,7 @@ class Recommendations(Repository):
         """The newest recommendation matching every filter given, or None if there is none."""
         query = _newest_first(model=model, gpu=gpu, workload_hash=workload_hash, objective=objective)
         with self._session() as session:
-            row = session.scalars(query.limit(1)).first()
-            return None if row is None else recommendation_record(row)
+            return next(readable(session.scalars(query), recommendation_record, self._bad_row), None)
 
 
 def _newest_first(

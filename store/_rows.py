@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from store import _validate as v
+from store._bad_rows import BadRowError, checked
 from store.exceptions import NotFoundError
 
 RowT = TypeVar("RowT")
@@ -24,13 +26,21 @@ RecordT = TypeVar("RecordT")
 
 #: Opens one short session that commits on success and rolls back on error (`Store._session`).
 Sessions = Callable[[], AbstractContextManager[Session]]
+#: Told of each stored row a listing skips because it cannot be read (`Store` reports it once, in one line).
+BadRowReport = Callable[[BadRowError], None]
+
+
+def _raise(bad: BadRowError) -> None:
+    raise bad
 
 
 class Repository:
-    """Base of the per-table repositories: every public call opens one session of its own from `sessions`."""
+    """Base of the per-table repositories: every public call opens one session of its own from `sessions`;
+    listings hand the rows they cannot read to `bad_row` and go on (default: raise)."""
 
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, bad_row: BadRowReport = _raise) -> None:
         self._session = sessions
+        self._bad_row = bad_row
 
 
 def get_or_create(session: Session, query: Select[RowT], create: Callable[[], RowT]) -> tuple[RowT, bool]:
@@ -90,10 +100,12 @@ def limited(query: Select[RowT], limit: int | None) -> Select[RowT]:
 def record_of(record_type: type[RecordT], row: object, **overrides: Any) -> RecordT:
     """A `record_type` (a frozen dataclass of `_records`) filled from `row`'s attributes of the same names.
 
-    The record must not share anything with the session: JSON columns (dicts, lists) are copied by a strict round
-    trip, timestamps become aware UTC datetimes. `overrides` give the fields that are not a column of `row` as is
-    (e.g. a profile's environment fields); any other missing attribute is an error.
+    The record must not share anything with the session: JSON columns (dicts, lists) are copied by a round trip,
+    timestamps become aware UTC datetimes. `overrides` give the fields that are not a column of `row` as is
+    (e.g. a profile's environment fields); any other missing attribute is an error. A row that cannot be read
+    (unparseable JSON, a lone surrogate, a name longer than its column) raises `BadRowError`.
     """
+    checked(row)
     values: dict[str, Any] = {}
     for field in dataclasses.fields(record_type):  # type: ignore[arg-type]
         if field.name in overrides:
@@ -103,7 +115,7 @@ def record_of(record_type: type[RecordT], row: object, **overrides: Any) -> Reco
         if isinstance(value, dt.datetime):
             value = utc(value)
         elif isinstance(value, dict | list):
-            value = v.json_value(field.name, value)
+            value = json.loads(json.dumps(value))
         values[field.name] = value
     return record_type(**values)
 

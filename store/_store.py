@@ -10,6 +10,7 @@ transaction: a write that fails (locked, disk full, damaged file) is rolled back
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import MethodType, TracebackType
@@ -18,6 +19,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from store._bad_rows import BadRowError
 from store._catalog import Drafters, Models
 from store._engine import open_engine
 from store._environments import Environments
@@ -35,10 +37,15 @@ from store._trials import Trials
 from store._url import default_db_url, mask_password, normalize_db_url, parse_db_url
 from store._workloads import Workloads
 from store.exceptions import (
+    BadRowWarning,
+    DatabaseCorruptError,
     DatabaseUnavailableError,
     StaleSchemaError,
     StoreError,
 )
+
+#: Problems `PRAGMA quick_check` lists at most before a write is refused (the message shows the first).
+QUICK_CHECK_ERRORS = 10
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,9 +92,14 @@ class Store:
     or one holding only Optuna's tables, is created at the head revision. A database at another revision raises
     `StaleSchemaError` saying what to run; `check_schema=False` skips that check (only for `upgrade()`).
 
+    A stored row that cannot be read (unparseable JSON, a lone surrogate, a name longer than its column) is skipped
+    by listings and reported once in one line naming its table, id and problem: to `on_bad_row` (the CLI prints it
+    on stderr), else as a `BadRowWarning`; `bad_rows` lists them. Reading that row by id raises `BadRowError`.
+
     A SQLite file this user cannot write, or one named with ``?mode=ro``, is opened read-only (`read_only` says
     why): reads work, writes raise `DatabaseUnavailableError`. Callers about to store results say so up front:
-    ``for_writing=True`` refuses a read-only database, ``persistent=True`` an in-memory one (``sqlite://``, which
+    ``for_writing=True`` refuses a read-only database and a SQLite file with a damaged page (``PRAGMA quick_check``,
+    `DatabaseCorruptError` with the way to recover), ``persistent=True`` an in-memory one (``sqlite://``, which
     vanishes with the process), before any work is done. `lock_timeout_s` is how long a write waits for another
     writer's lock (default 30 s, or the URL's ``?timeout=``) before `DatabaseLockedError`.
 
@@ -109,23 +121,28 @@ class Store:
         for_writing: bool = False,
         persistent: bool = False,
         lock_timeout_s: float | None = None,
+        on_bad_row: Callable[[str], None] | None = None,
     ) -> None:
         self._url = normalize_db_url(url if url is not None else default_db_url())
         self._parsed = parse_db_url(self._url)
         self._closed = False
         self._engine, self._access = open_engine(self._url, lock_timeout_s=lock_timeout_s)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
-        self._environments = Environments(self._session)
-        self._workloads = Workloads(self._session)
-        self._models = Models(self._session)
-        self._drafters = Drafters(self._session)
-        self._profiles = Profiles(self._session)
-        self._trials = Trials(self._session)
-        self._recommendations = Recommendations(self._session)
+        self._on_bad_row = on_bad_row
+        self._bad_rows: dict[tuple[str, object], BadRowError] = {}
+        self._environments = Environments(self._session, self._skip)
+        self._workloads = Workloads(self._session, self._skip)
+        self._models = Models(self._session, self._skip)
+        self._drafters = Drafters(self._session, self._skip)
+        self._profiles = Profiles(self._session, self._skip)
+        self._trials = Trials(self._session, self._skip)
+        self._recommendations = Recommendations(self._session, self._skip)
         try:
             self._refuse(for_writing=for_writing, persistent=persistent)
             with self._translated():
                 self._open(check_schema)
+                if for_writing:
+                    self._check_pages()
         except BaseException:
             self._engine.dispose()
             raise
@@ -162,6 +179,43 @@ class Store:
                         raise
         elif status.state is not SchemaState.CURRENT and check_schema:
             raise StaleSchemaError(stale_schema_message(status, self._url))
+
+    def _skip(self, bad: BadRowError) -> None:
+        """A listing skipped a row it cannot read: say so once per row (`on_bad_row`, else a `BadRowWarning`)."""
+        key = (bad.table, bad.row_id)
+        if key in self._bad_rows:
+            return
+        self._bad_rows[key] = bad
+        if self._on_bad_row is not None:
+            self._on_bad_row(bad.skipped)
+        else:
+            warnings.warn(bad.skipped, BadRowWarning, stacklevel=4)
+
+    @property
+    def bad_rows(self) -> list[BadRowError]:
+        """The rows listings skipped so far because they cannot be read (table, id and problem in each)."""
+        return list(self._bad_rows.values())
+
+    def _check_pages(self) -> None:
+        """Refuse to write into a SQLite file with a damaged page: ``PRAGMA quick_check`` (every page and record
+        read once, without the index cross-checks of integrity_check) before a command stores anything."""
+        file = self._access.file
+        if file is None:
+            return
+        with self._engine.connect() as connection:
+            rows = [str(row[0]) for row in connection.exec_driver_sql(f"PRAGMA quick_check({QUICK_CHECK_ERRORS})")]
+        if rows == ["ok"]:
+            return
+        # One problem per row, or several lines in one row under a "*** in database main ***" heading.
+        found = [line for row in rows for line in row.splitlines() if line.strip() and not line.startswith("***")]
+        found = found or rows
+        more = " and other problems" if len(found) > 1 else ""
+        raise DatabaseCorruptError(
+            f"{mask_password(self._parsed)} is damaged: PRAGMA quick_check found \"{found[0][:200]}\"{more}. Nothing "
+            f"was written. Copy out what SQLite can still read (`sqlite3 {file.path} .recover | sqlite3 "
+            "recovered.db`) and pass --db recovered.db, or restore it from a backup, or start a new database with "
+            "--db."
+        )
 
     @property
     def url(self) -> str:

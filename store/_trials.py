@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from store import _validate as v
+from store._bad_rows import BadRowError, readable, unicode_problem
 from store._models import TRIAL_STATUSES, Trial, utcnow
 from store._records import StudySummary, TrialRecord
 from store._rows import Repository, get_or_create, get_row, record_of, set_given, where_given
@@ -47,8 +48,8 @@ class Trials(Repository):
             values=v.objective_values(values),
             metrics=v.json_dict("metrics", metrics),
             status=v.choice("status", status, TRIAL_STATUSES),
-            failure_reason=v.optional_text("failure_reason", failure_reason),
-            backend=v.text("backend", backend),
+            failure_reason=v.optional_text("failure_reason", failure_reason, limit=None, name=False),
+            backend=v.text("backend", backend, limit=v.SHORT_CHARS),
             provenance=v.json_dict("provenance", provenance),
             created_at=v.timestamp("created_at", created_at, default=utcnow()),
         )
@@ -78,7 +79,7 @@ class Trials(Repository):
             "status": None if status is None else v.choice("status", status, TRIAL_STATUSES),
             "values": None if values is None else v.objective_values(values),
             "metrics": None if metrics is None else v.json_dict("metrics", metrics),
-            "failure_reason": v.optional_text("failure_reason", failure_reason),
+            "failure_reason": v.optional_text("failure_reason", failure_reason, limit=None, name=False),
             "provenance": None if provenance is None else v.json_dict("provenance", provenance),
         }
         with self._session() as session:
@@ -101,7 +102,7 @@ class Trials(Repository):
             (status, Trial.status == status),
         )
         with self._session() as session:
-            return [trial_record(row) for row in session.scalars(query)]
+            return list(readable(session.scalars(query), trial_record, self._bad_row))
 
     def list_studies(self, directions: Mapping[str, Direction] | None = None) -> list[StudySummary]:
         """One summary per study in our trials table, most recently active first.
@@ -110,13 +111,33 @@ class Trials(Repository):
         "minimize"; objectives not in `directions` get no best value (the store does not guess which way is better:
         take directions from `autotune.search.Objective`).
         """
-        query = select(Trial.study, Trial.number, Trial.model, Trial.status, Trial.values, Trial.created_at).order_by(
-            Trial.study, Trial.number
-        )
+        query = select(
+            Trial.id, Trial.study, Trial.number, Trial.model, Trial.status, Trial.values, Trial.created_at
+        ).order_by(Trial.study, Trial.number)
         checked = checked_directions(directions)
         with self._session() as session:
             rows = session.execute(query).all()
-        return study_summaries(rows, checked)
+        return study_summaries([row for row in rows if self._summarisable(row)], checked)
+
+    def _summarisable(self, row: Any) -> bool:
+        """Whether a (study, model, values) row of the trials table can be summarised; if not, it is reported."""
+        problem = None
+        for name, limit in (("study", Trial.study.type.length), ("model", Trial.model.type.length)):
+            text = getattr(row, name)
+            why = unicode_problem(text) or (
+                f"is {len(text):,} characters long, more than the {limit:,} its column holds" if len(text) > limit
+                else None
+            )
+            problem = problem or (f"{name} {why}" if why else None)
+        if problem is None and not (
+            isinstance(row.values, dict)
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in row.values.values())
+        ):
+            problem = "values is not a JSON object of numbers"
+        if problem is None:
+            return True
+        self._bad_row(BadRowError(Trial.__tablename__, row.id, problem))
+        return False
 
 def trial_record(row: Trial) -> TrialRecord:
     return record_of(TrialRecord, row, values={k: float(x) for k, x in row.values.items()})

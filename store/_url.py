@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -80,8 +81,15 @@ def parse_db_url(url: str) -> URL:
         ) from exc
 
 
+#: Query parameters whose values are secrets (``?password=``, libpq's ``sslpassword``, ``?token=``): matched
+#: case-insensitively anywhere in the key, and shown as ``***`` like the password of the user part.
+_SECRET_QUERY_KEY = re.compile(r"([?&;][^=&;#]*(?:pass|pwd|secret|token|auth|credential|key)[^=&;#]*=)[^&;#]*",
+                               re.IGNORECASE)
+
+
 def mask_password(url: str | URL) -> str:
-    """The URL as text with its password replaced by ``***`` (for messages and logs)."""
+    """The URL as text with its password replaced by ``***``, in the user part and in the query (``?password=``,
+    ``?sslpassword=``, ``?token=``, ...), for messages and logs."""
     try:
         parsed = url if isinstance(url, URL) else make_url(url)
     except (ArgumentError, ValueError):
@@ -89,9 +97,10 @@ def mask_password(url: str | URL) -> str:
         text = str(url)
         scheme, sep, rest = text.partition("://")
         if sep and "@" in rest:
-            return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-        return text
-    return parsed.render_as_string(hide_password=True)
+            text = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+        return _SECRET_QUERY_KEY.sub(r"\1***", text)
+    # SQLAlchemy hides only the user part's password; a password given as a query parameter is masked here.
+    return _SECRET_QUERY_KEY.sub(r"\1***", parsed.render_as_string(hide_password=True))
 
 
 def is_sqlite_memory(url: URL) -> bool:

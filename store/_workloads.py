@@ -16,9 +16,9 @@ class Workloads(Repository):
     def workload_id(self, name: str, *, content_hash: str, classes: Sequence[str], source: str = "") -> int:
         """Id of the workload with this content hash, created if new (name/classes/source of the first call stay)."""
         v.text("workload name", name)
-        v.text("workload content_hash", content_hash)
+        v.text("workload content_hash", content_hash, limit=v.HASH_CHARS)
         class_list = v.string_list("workload classes", classes)
-        v.text("workload source", source, required=False)
+        v.text("workload source", source, limit=None, required=False, name=False)
         with self._session() as session:
             row, _ = get_or_create(
                 session,

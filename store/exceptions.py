@@ -46,3 +46,23 @@ class DatabaseFullError(DatabaseUnavailableError):
 class DuplicateRecordError(InvalidRecordError):
     """The record is stored already (a trial number of a study): the one `InvalidRecordError` a writer racing
     another worker may ignore. Every other `InvalidRecordError` means the value itself was refused."""
+
+
+class BadRowWarning(UserWarning):
+    """A listing skipped a stored row it cannot read; the message names the table, the id and what is wrong."""
+
+
+class BadRowError(StoreError):
+    """A stored row that cannot be read: `table`, `row_id` and `problem` say which and why."""
+
+    def __init__(self, table: str, row_id: object, problem: str) -> None:
+        self.table, self.row_id, self.problem = table, row_id, problem
+        super().__init__(
+            f"Row {row_id} of {table} cannot be read: its {problem}. Delete or fix that row "
+            f"(DELETE FROM {table} WHERE id = {row_id}); the other rows are read."
+        )
+
+    @property
+    def skipped(self) -> str:
+        """The one line a listing reports when it skips this row."""
+        return f"Skipped row {self.row_id} of {self.table}: its {self.problem}. Delete or fix that row."

@@ -233,11 +233,13 @@ def open_store(db_url: str | None, *, writes: bool = False) -> Any:
     """The `Store` for --db (a URL or a SQLite file path; None: the default database).
 
     An in-memory database (``sqlite://``) is refused: each command is its own process, so it would start empty and
-    lose what it stores. `writes`: the command stores results, so a read-only database is refused before any work.
+    lose what it stores. `writes`: the command stores results, so a read-only database, or a SQLite file with a
+    damaged page, is refused before any work. A stored row that cannot be read is skipped by listings and reported in
+    one line on stderr (table, id and what is wrong); the other rows are shown.
     """
     from store import Store
 
-    return Store(db_url, persistent=True, for_writing=writes)
+    return Store(db_url, persistent=True, for_writing=writes, on_bad_row=lambda line: click.echo(line, err=True))
 
 
 def store_label(store: Any) -> str:
