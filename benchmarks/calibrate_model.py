@@ -13,8 +13,9 @@ The points live in ``benchmarks/data/model_calibration.yaml`` (sources and setup
 heads). The fit (`--fit`) adjusts only `FREE` constants of `RooflineParams`, by least squares on the log error of
 every point (a published range counts as exact inside it), each group of points weighted equally, plus a Gaussian
 prior per constant pulling it toward the physically expected value: a few published ratios must not drag a
-constant to an implausible value (there is a held-out table these are checked against later). The fitted values
-are then written into `RooflineParams`' defaults by hand (they are code, reviewed like code); `--fit` prints them.
+constant to an implausible value. Points marked `held_out` are predicted but not fitted. `--fit --write` stores the
+fitted values, and the speedup spread drawn from the residuals, in ``autotune/backends/roofline.yaml`` (priors and
+sources beside them), which `RooflineParams` reads for its defaults.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autotune.backends import ModelBackend, RooflineParams
+from autotune.backends import CONSTANTS_FILE, ModelBackend, RooflineParams, fitted_constants
 from autotune.catalogs import acceptance_survival, get_drafter
 from autotune.spec import MAX_K, Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
@@ -40,16 +42,21 @@ from policies import AcceptanceProfile
 
 DATA = REPO / "benchmarks" / "data" / "model_calibration.yaml"
 
-#: The fitted constants: name -> (prior mean, prior sigma, lower bound, upper bound). The prior is what kernel and
-#: engine facts lead one to expect (see each field's docstring in RooflineParams).
+#: The fitted constants: name -> (prior mean, prior sigma, lower bound, upper bound). The priors (and their sources)
+#: live in autotune/backends/roofline.yaml; the bounds keep the optimiser inside physical values.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "bandwidth_efficiency": (0.55, 0.95),
+    "compute_efficiency": (0.20, 0.80),
+    "moe_compute_efficiency": (0.10, 0.80),
+    "step_overhead_ms": (0.0, 2.0),
+    "draft_pass_overhead_ms": (0.0, 1.5),
+    "routing_locality": (0.0, 0.9),
+    "spec_request_overhead_ms": (0.0, 0.2),
+    "kernel_overlap_loss": (0.0, 1.0),
+    "draft_token_overhead_ms": (0.0, 0.05),
+}
 FREE: dict[str, tuple[float, float, float, float]] = {
-    "bandwidth_efficiency": (0.80, 0.08, 0.55, 0.95),
-    "compute_efficiency": (0.50, 0.15, 0.20, 0.80),
-    "moe_compute_efficiency": (0.35, 0.15, 0.10, 0.80),
-    "step_overhead_ms": (0.40, 0.30, 0.0, 2.0),
-    "draft_pass_overhead_ms": (0.30, 0.20, 0.0, 1.5),
-    "routing_locality": (0.30, 0.20, 0.0, 0.8),
-    "spec_request_overhead_ms": (0.03, 0.02, 0.0, 0.2),
+    name: (*(float(v) for v in fitted_constants()["constants"][name]["prior"]), *BOUNDS[name]) for name in BOUNDS
 }
 #: Relative error one point is allowed before it costs as much as one prior sigma.
 POINT_SIGMA = 0.05
@@ -65,6 +72,16 @@ class Prediction:
     predicted: float
     published: float | tuple[float, float]
     detail: str = ""
+    held_out: bool = False
+    """Not used by the fit (`held_out` in the data file): its error measures prediction, not fit."""
+
+    @property
+    def centre_log_error(self) -> float:
+        """Log error against the published figure (the middle of a published range): the residual the speedup
+        ranges are drawn from (a range's width is spread the model cannot resolve either)."""
+        published = self.published
+        centre = (published[0] + published[1]) / 2.0 if isinstance(published, tuple) else published
+        return math.log(self.predicted / centre)
 
     @property
     def error(self) -> float:
@@ -186,7 +203,9 @@ class Evaluator:
                         value, detail = tps / other, f"K={k} vs K={k_other}"
                     else:
                         raise SystemExit(f"{point['id']}: unknown metric {metric!r}.")
-                out.append(Prediction(point["id"], wl, int(c), value, target, detail))
+                held = point.get("held_out", False)
+                held_out = held is True or (isinstance(held, list) and int(c) in held)
+                out.append(Prediction(point["id"], wl, int(c), value, target, detail, held_out))
         return out
 
     def predictions(self) -> list[Prediction]:
@@ -209,7 +228,9 @@ def residuals(values: Sequence[float], data: Mapping[str, Any]) -> np.ndarray:
     for point in data["points"]:
         if point.get("fit", True) is False:
             continue
-        preds = evaluator.predict(point)
+        preds = [p for p in evaluator.predict(point) if not p.held_out]
+        if not preds:
+            continue
         weight = float(point.get("weight", 1.0)) / len(preds)
         rows.extend(math.sqrt(weight) * p.log_error / POINT_SIGMA for p in preds)
     for name, value in named.items():
@@ -226,6 +247,58 @@ def fit(data: Mapping[str, Any]) -> dict[str, float]:
     upper = [FREE[n][3] for n in FREE]
     result = least_squares(residuals, start, bounds=(lower, upper), args=(data,), diff_step=1e-3, x_scale="jac")
     return {name: round(float(v), 3) for name, v in zip(FREE, result.x, strict=True)}
+
+
+SPEEDUP_METRICS = ("ratio", "speedup_vs_no_spec")
+
+
+def speedup_sigma(data: Mapping[str, Any], preds: Sequence[Prediction]) -> float:
+    """Root mean square of the log error against each published figure's middle, over the speedup-type
+    predictions of every point that is fitted or held out (the `fit: false` reported points excluded)."""
+    metric = {p["id"]: p["metric"] for p in data["points"]}
+    reported = {p["id"] for p in data["points"] if p.get("fit", True) is False}
+    errors = [p.centre_log_error for p in preds if metric[p.point] in SPEEDUP_METRICS and p.point not in reported]
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
+
+
+def split_table(data: Mapping[str, Any], preds: Sequence[Prediction]) -> list[str]:
+    """Fit and held-out error per source and concurrency: median and largest absolute error."""
+    source = {p["id"]: p["id"].split("-")[0] for p in data["points"]}
+    reported = {p["id"] for p in data["points"] if p.get("fit", True) is False}
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for p in preds:
+        split = "reported" if p.point in reported else ("held out" if p.held_out else "fit")
+        groups.setdefault((source[p.point], split, p.concurrency), []).append(abs(p.error))
+    lines = ["| source | split | c | predictions | median error | largest error |", "|---|---|---:|---:|---:|---:|"]
+    for (src, split, c), errs in sorted(groups.items(), key=lambda kv: (kv[0][1] != "fit", kv[0])):
+        lines.append(f"| {src} | {split} | {c} | {len(errs)} | {float(np.median(errs)):.1%} | {max(errs):.1%} |")
+    for split in ("fit", "held out"):
+        errs = [abs(p.error) for p in preds if p.point not in reported and p.held_out == (split == "held out")]
+        if errs:
+            lines.append(f"| all | {split} | - | {len(errs)} | {float(np.median(errs)):.1%} | {max(errs):.1%} |")
+    return lines
+
+
+def write_constants(values: Mapping[str, float], sigma: float, path: Path = CONSTANTS_FILE) -> None:
+    """Write fitted values and the speedup spread into the constants file, keeping priors and sources."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for name, value in values.items():
+        data["constants"][name]["value"] = float(value)
+    data["speedup_log_sigma"] = round(float(sigma), 4)
+    text = path.read_text(encoding="utf-8")
+    header = text[: text.index("\nconstants:") + 1]
+    lines = ["constants:"]
+    for name, entry in data["constants"].items():
+        prior = ", ".join(f"{v:g}" for v in entry["prior"])
+        source = json.dumps(entry["source"])
+        lines.append(f"  {name}: {{value: {entry['value']:g}, prior: [{prior}], source: {source}}}")
+    lines += [
+        "# Spread of a predicted speedup (log scale, one sigma) from the calibration's residuals: the root mean",
+        "# square of the log error against the middle of each published figure, over every fitted and held-out",
+        "# prediction.",
+        f"speedup_log_sigma: {data['speedup_log_sigma']:g}",
+    ]
+    path.write_text(header + "\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _fmt(value: float | tuple[float, float], metric: str) -> str:
@@ -329,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--write-doc", type=Path, help="write the tables into this markdown report")
     parser.add_argument("--shape", action="store_true", help="also print the concurrency sweep per target")
+    parser.add_argument("--write", action="store_true",
+                        help="write the fitted constants and the speedup spread into autotune/backends/roofline.yaml")
     args = parser.parse_args(argv)
     data = load(args.data)
     values = fit(data) if args.fit else {name: getattr(RooflineParams(), name) for name in FREE}
@@ -337,6 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     preds = evaluator.predictions()
     lines = table(data, preds) + [""] + best_k_table(evaluator.best_k())
     print("\n".join(lines))
+    sigma = speedup_sigma(data, preds)
+    lines += ["", *split_table(data, preds), "", f"Speedup spread (one sigma, log scale): {sigma:.4f}"]
+    print("\n".join(lines[-(len(split_table(data, preds)) + 2):]))
+    if args.write:
+        write_constants(values, sigma)
+        print(f"wrote {CONSTANTS_FILE}")
     worst = max(abs(p.error) for p in preds)
     within = sum(abs(p.error) <= 0.10 for p in preds)
     print(f"{within}/{len(preds)} predictions within 10% (worst {worst:.1%})")

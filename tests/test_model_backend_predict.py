@@ -175,9 +175,10 @@ def test_parallel_drafting_cost_is_flat_in_k_while_sequential_grows(
     sequential = [gpt_oss_h200.measure(p_eagle(k, parallel=False), mt_bench, scenario).extra for k in (1, 4, 8)]
     assert [e["draft_passes"] for e in parallel] == [1, 1, 1]
     assert [e["draft_passes"] for e in sequential] == [1, 4, 8]
-    # B=1: the head's one pass is memory-bound (its 2.3 GB of weights); K only adds logit rows (8 * 201k * 12 B
-    # = 19 MB of sampler traffic), so its time moves by ~1%.
-    assert parallel[0]["draft_ms"] == pytest.approx(parallel[2]["draft_ms"], rel=0.02)
+    # B=1: the head's one pass is memory-bound (its 2.3 GB of weights); K only adds rows (8 * 201k * 12 B = 19 MB
+    # of sampler traffic, and FLOPs of which kernel_overlap_loss shows ~0.6 under the weight read), so its time
+    # moves by ~5% while sequential drafting's grows 8x.
+    assert parallel[0]["draft_ms"] == pytest.approx(parallel[2]["draft_ms"], rel=0.06)
     assert sequential[2]["draft_ms"] == pytest.approx(8 * sequential[0]["draft_ms"], rel=0.02)
 
 

@@ -34,9 +34,11 @@ GPU = GPUSpec(
     fp4_tflops=None,
     source="test",
 )
-# Efficiencies 1, no overheads, no sampler traffic, independent routing: times are bytes / bandwidth and
-# FLOPs / rate exactly.
+# Efficiencies 1, perfect overlap, no overheads, no sampler traffic, independent routing: times are bytes /
+# bandwidth and FLOPs / rate exactly.
 IDEAL = RooflineParams(
+    kernel_overlap_loss=0.0,
+    draft_token_overhead_ms=0.0,
     bandwidth_efficiency=1.0,
     compute_efficiency=1.0,
     moe_compute_efficiency=1.0,
@@ -291,7 +293,7 @@ def test_k0_is_the_plain_decode_step_whatever_the_drafter() -> None:
 
 
 def test_parallel_drafting_is_one_pass_whatever_k_and_sequential_is_k_passes() -> None:
-    params = RooflineParams()
+    params = RooflineParams(kernel_overlap_loss=0.0)  # pure roofline: a memory-bound pass costs its bytes
     head = drafter()
     parallel = [draft_cost(head, dense(), GPU, 1, k, True, 500, params) for k in range(1, 9)]
     sequential = [draft_cost(head, dense(), GPU, 1, k, False, 500, params) for k in range(1, 9)]

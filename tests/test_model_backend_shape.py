@@ -50,13 +50,13 @@ def test_k0_is_exactly_no_speculation_with_any_head() -> None:
 
 def test_dense_target_gain_falls_with_concurrency() -> None:
     # Llama-3.1-8B on H200: at batch 1 a step reads 15 GB of weights for 1 token per request, so verifying K more is
-    # nearly free; by batch 64-256 the matmuls are compute-bound and every verified token costs its FLOPs. Up to
-    # batch 16 the gain is flat (within 5%: the drafter's fixed per-pass cost weighs a little less in a longer step).
+    # nearly free; by batch 64-256 the matmuls are compute-bound and every verified token costs its FLOPs. Before
+    # that the FLOPs a kernel does not hide under its loads (kernel_overlap_loss) already cost: the gain falls at
+    # every step, not only once compute-bound.
     backend = ModelBackend("llama-3.1-8b", "h200")
     head = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     c1, c16, c64, c256 = (best_gain(backend, head, False, c) for c in (1, 16, 64, 256))
-    assert c16 == pytest.approx(c1, rel=0.05)
-    assert min(c1, c16) > c64 > c256
+    assert c1 > c16 > c64 > c256
     # At 256 x 1174 tokens of context the step still reads 39 GB of KV cache, which K + 1 queries share: the gain
     # shrinks towards, not below, 1.
     assert c1 > 1.5 and c256 < 0.65 * c1
@@ -119,13 +119,14 @@ def test_two_and_four_layer_p_eagle_heads_are_both_predicted_and_labelled() -> N
 
 
 def test_speculation_pays_a_host_cost_per_running_request() -> None:
-    # vLLM's per-request draft bookkeeping (spec_request_overhead_ms) is charged only when speculating and grows
-    # with the batch: at 64 requests it adds 63 x the per-request cost over one request; K = 0 pays none of it.
+    # vLLM's per-request draft bookkeeping (spec_request_overhead_ms, plus draft_token_overhead_ms per draft token)
+    # is charged only when speculating and grows with the batch: at 64 requests and K = 3 it adds 63 x (the
+    # per-request cost + 3 x the per-token cost) over one request; K = 0 pays none of it.
     model = resolve_model("gpt-oss-120b")
     backend = ModelBackend(model, "h200")
     head = get_drafter("amazon/gpt-oss-120b-p-eagle")
-    per_request = backend.params.spec_request_overhead_ms
-    assert per_request > 0.0
+    per_request = backend.params.spec_request_overhead_ms + 3 * backend.params.draft_token_overhead_ms
+    assert backend.params.spec_request_overhead_ms > 0.0
     one = step_time(model, backend.gpu, 1, 3, head, True, 1174, backend.params)
     many = step_time(model, backend.gpu, 64, 3, head, True, 1174, backend.params)
     assert many.spec_overhead_ms - one.spec_overhead_ms == pytest.approx(63 * per_request)

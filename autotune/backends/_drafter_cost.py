@@ -98,7 +98,7 @@ def drafter_pass(
     sampler = (0.0, memory_ms(logit_positions * vocab * params.sampler_bytes_per_logit, gpu, params))
     # +1 layer: the LM head is one more large kernel.
     overhead = params.draft_pass_overhead_ms + (drafter.num_layers + 1) * params.layer_overhead_ms
-    return combine([body, sampler], flops, weight_bytes, kv_bytes, overhead)
+    return combine([body, sampler], flops, weight_bytes, kv_bytes, overhead, params.kernel_overlap_loss)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,13 @@ x 36 layers x 13.2 MB = 1.90 GB + 0.05 GB of KV -> 5.06 GB at 4.8 TB/s * efficie
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
 
 from autotune.catalogs import GPUSpec, ModelSpec
 from autotune.errors import UsageError
@@ -42,6 +46,8 @@ __all__ = [
     "PassCost",
     "RooflineParams",
     "ZERO_PASS",
+    "fitted_constants",
+    "speedup_log_sigma",
     "attention_flops_per_token",
     "compute_ms",
     "expected_distinct_experts",
@@ -54,6 +60,27 @@ __all__ = [
 ]
 
 Bound = Literal["memory", "compute"]
+
+#: The fitted constants and the speedup spread, with their priors and sources (benchmarks/calibrate_model.py).
+CONSTANTS_FILE = Path(__file__).with_name("roofline.yaml")
+
+
+@functools.cache
+def fitted_constants() -> dict[str, Any]:
+    """The data file's contents: ``constants`` (name -> {value, prior, source}) and ``speedup_log_sigma``."""
+    data = yaml.safe_load(CONSTANTS_FILE.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("constants"), dict):
+        raise UsageError(f"{CONSTANTS_FILE} must hold a `constants` mapping; reinstall peagle-tune.")
+    return data
+
+
+def _fitted(name: str) -> float:
+    return float(fitted_constants()["constants"][name]["value"])
+
+
+def speedup_log_sigma() -> float:
+    """One sigma of a predicted speedup on the log scale, from the calibration's residuals."""
+    return float(fitted_constants().get("speedup_log_sigma", 0.0))
 
 
 @dataclass(frozen=True)
@@ -68,14 +95,14 @@ class RooflineParams:
     measured profile corrects them for a real deployment.
     """
 
-    bandwidth_efficiency: float = 0.828
+    bandwidth_efficiency: float = _fitted("bandwidth_efficiency")
     """FITTED. Fraction of the datasheet HBM bandwidth decode kernels achieve. Bandwidth tests on H100/H200/B200
     reach ~90% of peak, tuned GEMV/attention/grouped-GEMM kernels 70-85%; prior 0.8."""
-    compute_efficiency: float = 0.467
+    compute_efficiency: float = _fitted("compute_efficiency")
     """FITTED. Fraction of the dense tensor-core peak that dense matmuls and attention achieve at decode shapes.
     cuBLAS reaches 70-80% on large square bf16 GEMMs; decode shapes (a few hundred rows, attention) less; prior
     0.5."""
-    moe_compute_efficiency: float = 0.341
+    moe_compute_efficiency: float = _fitted("moe_compute_efficiency")
     """FITTED. Fraction of the tensor-core peak (of the expert weight format, `tensor_tflops`) that grouped MoE GEMMs
     achieve: many small per-expert tiles, token permutes and (on Hopper) in-loop MXFP4 -> bf16 dequantisation keep
     them well below dense GEMMs; prior 0.35. This is what turns verification compute-bound at high concurrency."""
@@ -89,7 +116,7 @@ class RooflineParams:
     heuristic vLLM restates in ``fused_moe/experts/gpt_oss_triton_kernels_moe.py``); other grouped-GEMM backends
     scale their tiles with tokens per expert alike. A larger tile wastes more padded rows once experts hold more
     than 16 rows each (gpt-oss-20b's 32 experts from ~concurrency 16 with K >= 3)."""
-    step_overhead_ms: float = 0.379
+    step_overhead_ms: float = _fitted("step_overhead_ms")
     """FITTED. Per engine step, ms: scheduling, input preparation, sampler launch and output processing that
     async scheduling does not hide (vLLM V1 spends a few hundred microseconds of CPU per step); prior 0.4."""
     request_overhead_ms: float = 0.008
@@ -103,7 +130,7 @@ class RooflineParams:
     activation, un-permute: ~8 more small kernels at ~4 us."""
     spec_step_overhead_ms: float = 0.15
     """Extra per step that speculates, ms: rejection sampling kernels, draft bookkeeping, one more host sync."""
-    spec_request_overhead_ms: float = 0.03
+    spec_request_overhead_ms: float = _fitted("spec_request_overhead_ms")
     """FITTED. Extra per running request per step that speculates, ms: the host-side work speculation adds per
     request (the scheduler appending and trimming K draft token ids and the accepted count, spec-decode metadata
     and the drafter's per-request input preparation), exposed because the accepted count must reach the host
@@ -111,17 +138,27 @@ class RooflineParams:
     It is the term that grows with concurrency whatever the weights: it damps, but does not reverse, the rise of
     gpt-oss-120b's gain from c = 8 to c = 64 (reversing it would take ~80-120 us, 3-4x the prior; see
     docs/benchmarks/model.md, "Why gpt-oss-120b's gain at c = 64 stays above c = 1")."""
+    kernel_overlap_loss: float = _fitted("kernel_overlap_loss")
+    """Share of the smaller of a kernel's compute and memory times it does NOT hide under the larger (0 = perfect
+    overlap, the plain roofline ``max``; 1 = none, ``compute + memory``). A GEMM overlaps loads and math only in
+    its steady state: the first tiles load before any math (prologue) and the last math and stores run after the
+    loads end (epilogue); at decode shapes a kernel runs one or two waves of tiles per SM, so these ends are a large
+    share of it. It makes the cost of extra verified tokens visible before a component turns compute-bound."""
+    draft_token_overhead_ms: float = _fitted("draft_token_overhead_ms")
+    """Host cost per draft token slot per speculating step (B * K), ms: vLLM V1 turns the [B, K] draft ids and the
+    [B, K + 1] sampled ids into Python lists each step, the scheduler stores K spec token ids per request and
+    validates each accepted token (stop checks); work per token, not per request."""
     moe_row_bytes_per_hidden: float = 16.0
     """Activation bytes per routed row (token x expert) per MoE layer, in units of hidden_size: the token
     permute/gather (h bf16 read), the gate_up output written and read (2 x 2h bf16), the activation written and
     read (2 x h), the down output written and read for the weighted combine (2 x h): 2 * (1 + 4 + 2 + 2) ~ 16-18
     h bytes. Token-proportional traffic the weight roofline misses (gpt-oss: 46 KB per row per layer)."""
-    draft_pass_overhead_ms: float = 0.308
+    draft_pass_overhead_ms: float = _fitted("draft_pass_overhead_ms")
     """FITTED. Per drafter forward pass, ms: preparing its inputs (hidden-state gather, positions, slot mapping,
     attention metadata, done on the host per pass), its launch and the argmax over its logits; its layers and LM
     head add `layer_overhead_ms` each on top. vLLM's sequential EAGLE loop pays it K times, parallel drafting once;
     prior 0.3 (vLLM PR #32628 sees sequential TPOT grow ~0.24 ms per extra draft token at concurrency 1)."""
-    routing_locality: float = 0.481
+    routing_locality: float = _fitted("routing_locality")
     """FITTED. Share of a token's experts already chosen by the previous token of the same request (consecutive
     tokens route alike): the K + 1 verified tokens of one request touch experts like ``1 + K * (1 - locality)``
     independent tokens. 0 = independent routing; prior 0.3."""
@@ -150,6 +187,10 @@ class RooflineParams:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise UsageError(f"RooflineParams.{name} is a fraction in (0, 1], but got {name}={value}.")
+        if not 0.0 <= self.kernel_overlap_loss <= 1.0:
+            raise UsageError(
+                f"RooflineParams.kernel_overlap_loss is a fraction in [0, 1], but got {self.kernel_overlap_loss}."
+            )
         if not 0.0 <= self.routing_locality < 1.0:
             raise UsageError(
                 f"RooflineParams.routing_locality is a fraction in [0, 1), but got {self.routing_locality}."
@@ -163,6 +204,7 @@ class RooflineParams:
             "spec_request_overhead_ms",
             "moe_row_bytes_per_hidden",
             "draft_pass_overhead_ms",
+            "draft_token_overhead_ms",
             "sampler_bytes_per_logit",
             "runtime_reserve_gb",
         ):
@@ -378,9 +420,10 @@ def compute_ms(flops: float, tflops: float, params: RooflineParams) -> float:
 
 
 def combine(parts: list[tuple[float, float]], flops: float, weight_bytes: float, kv_bytes: float,
-            overhead_ms: float) -> PassCost:
-    """A PassCost from its components' (compute_ms, memory_ms), each bounded by its own roofline."""
-    busy = sum(max(c, m) for c, m in parts)
+            overhead_ms: float, overlap_loss: float = 0.0) -> PassCost:
+    """A PassCost from its components' (compute_ms, memory_ms), each bounded by its own roofline, plus
+    `overlap_loss` of the smaller of the two (`RooflineParams.kernel_overlap_loss`)."""
+    busy = sum(max(c, m) + overlap_loss * min(c, m) for c, m in parts)
     bound = sum(c for c, m in parts if c > m)
     return PassCost(
         flops,
@@ -447,4 +490,4 @@ def target_pass(
         + model.num_layers * (params.layer_overhead_ms + moe_overhead)
     )
     return combine([dense, moe, attention, sampler], dense_flops + moe_flops + attn_flops,
-                   dense_bytes + moe_bytes, kv_bytes, overhead)
+                   dense_bytes + moe_bytes, kv_bytes, overhead, params.kernel_overlap_loss)

@@ -188,7 +188,8 @@ def step_time(
     if k == 0 or drafter is None:
         return StepTime(batch_size, 0, verify, DraftCost(ZERO_PASS, parallel), 0.0)
     draft = draft_cost(drafter, model, gpu, batch_size, k, parallel, context, params)
-    spec_overhead = params.spec_step_overhead_ms + batch_size * params.spec_request_overhead_ms
+    spec_overhead = (params.spec_step_overhead_ms + batch_size * params.spec_request_overhead_ms
+                     + batch_size * k * params.draft_token_overhead_ms)
     return StepTime(batch_size, k, verify, draft, spec_overhead)
 
 
