@@ -375,6 +375,9 @@ class PassCost:
     busy_ms: float
     compute_bound_ms: float = 0.0
     passes: int = 1
+    components: tuple[tuple[str, float], ...] = ()
+    """Busy time per named component, ms (a target pass: weights, experts, attention_kv, sampler); empty after
+    passes are added or repeated."""
 
     @property
     def total_ms(self) -> float:
@@ -420,10 +423,11 @@ def compute_ms(flops: float, tflops: float, params: RooflineParams) -> float:
 
 
 def combine(parts: list[tuple[float, float]], flops: float, weight_bytes: float, kv_bytes: float,
-            overhead_ms: float, overlap_loss: float = 0.0) -> PassCost:
+            overhead_ms: float, overlap_loss: float = 0.0, names: tuple[str, ...] = ()) -> PassCost:
     """A PassCost from its components' (compute_ms, memory_ms), each bounded by its own roofline, plus
     `overlap_loss` of the smaller of the two (`RooflineParams.kernel_overlap_loss`)."""
-    busy = sum(max(c, m) + overlap_loss * min(c, m) for c, m in parts)
+    times = [max(c, m) + overlap_loss * min(c, m) for c, m in parts]
+    busy = sum(times)
     bound = sum(c for c, m in parts if c > m)
     return PassCost(
         flops,
@@ -434,6 +438,7 @@ def combine(parts: list[tuple[float, float]], flops: float, weight_bytes: float,
         overhead_ms,
         busy,
         bound,
+        components=tuple(zip(names, times, strict=True)) if names else (),
     )
 
 
@@ -490,4 +495,5 @@ def target_pass(
         + model.num_layers * (params.layer_overhead_ms + moe_overhead)
     )
     return combine([dense, moe, attention, sampler], dense_flops + moe_flops + attn_flops,
-                   dense_bytes + moe_bytes, kv_bytes, overhead, params.kernel_overlap_loss)
+                   dense_bytes + moe_bytes, kv_bytes, overhead, params.kernel_overlap_loss,
+                   ("weights", "experts", "attention_kv", "sampler"))

@@ -153,6 +153,20 @@ class StepTime:
         """What limits most of the target pass: "memory" (bytes) or "compute" (FLOPs)."""
         return self.verify.bound
 
+    def breakdown(self) -> dict[str, float]:
+        """What the (uncalibrated) step time is made of, ms; the values sum to `total_ms`: the target's non-expert
+        weights with its logits and sampler (weights), its MoE experts (experts), attention over the KV cache
+        (attention_kv), the drafter's passes (drafter) and every fixed per-step, per-request, per-layer and
+        per-pass host and launch cost (fixed_overhead)."""
+        parts = dict(self.verify.components)
+        return {
+            "weights": parts.get("weights", 0.0) + parts.get("sampler", 0.0),
+            "experts": parts.get("experts", 0.0),
+            "attention_kv": parts.get("attention_kv", 0.0),
+            "drafter": self.draft_ms,
+            "fixed_overhead": self.overhead_ms,
+        }
+
     def calibrated_ms(self, calibration: Calibration | None) -> float:
         if calibration is None:
             return self.total_ms

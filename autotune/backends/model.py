@@ -28,6 +28,7 @@ from autotune.backends._roofline import (
     expected_distinct_experts,
     routed_tokens,
     scaled_gpu,
+    speedup_log_sigma,
     target_pass,
 )
 from autotune.backends._step import (
@@ -378,6 +379,11 @@ class ModelBackend(Backend):
         ttft = queue_ms + prefill + step / 2.0  # joins the running step halfway on average
 
         extra = self._extra(config, shape, acceptance, batch, context, step, length, budget)
+        if self.cost_model is None and config.speculative:
+            # The spread of the calibration's residuals (autotune/backends/roofline.yaml), one sigma each side.
+            sigma = speedup_log_sigma()
+            extra["prediction_log_sigma"] = sigma
+            extra["speedup_range"] = [speedup * math.exp(-sigma), speedup * math.exp(sigma)]
         extra["kv_cache_gb"] = batch * kv_gb_per_request
         extra.update(
             {
@@ -590,6 +596,7 @@ class ModelBackend(Backend):
                     + cal.scale_draft * st.draft.cost.overhead_ms
                     + cal.overhead_ms,
                     "bound": st.bound,
+                    "step_breakdown_ms": st.breakdown(),
                     "draft_passes": st.draft.passes,
                     "experts_per_layer": expected_distinct_experts(
                         self.model.num_experts,

@@ -17,6 +17,7 @@ the space holds nothing else). `ScenarioResult.per_drafter` keeps every variant'
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,9 +210,25 @@ def pick(
     if not meeting:
         return _closest(complete), False
     sign = 1.0 if objective.directions[0] == "maximize" else -1.0
-    top = max(sign * float(t.value) for t in meeting)  # type: ignore[arg-type]
-    tied = [t for t in meeting if sign * float(t.value) >= top - abs(top) * TIE]  # type: ignore[arg-type]
+    best = max(meeting, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+    top = sign * float(best.value)  # type: ignore[arg-type]
+    margin = tie_margin(prediction_log_sigma(best))
+    tied = [t for t in meeting if sign * float(t.value) >= top - abs(top) * margin]  # type: ignore[arg-type]
     return min(tied, key=_tie_key(scenario, config_of)), True
+
+
+def prediction_log_sigma(t: FrozenTrial) -> float:
+    """The spread (one sigma, log scale) of a PREDICTED trial's figures (`ModelBackend`: the calibration's
+    residuals); 0 for a measured trial or one that says nothing."""
+    m = trial_measurement(t)
+    value = (m.extra or {}).get("prediction_log_sigma") if m is not None else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
+
+
+def tie_margin(log_sigma: float) -> float:
+    """Relative gap under which a config ties the best: `TIE`, or the best's predicted spread when wider (a
+    predicted win inside the noise of the prediction goes to the simpler config by `_tie_key`: smaller K)."""
+    return max(TIE, 1.0 - math.exp(-log_sigma))
 
 
 def pick_released(
