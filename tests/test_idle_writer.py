@@ -176,3 +176,34 @@ def test_with_no_delay_the_step_that_ends_a_burst_writes_the_file_itself(
     assert PluginStats.load(stats_path).depth_histogram() == {0: MAX_TOKENS}  # no wait
     assert scheduler._idle_writer is None
     scheduler.shutdown()
+
+
+@needs_vllm
+def test_aborting_every_request_at_shutdown_writes_the_file_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM's shutdown without a drain timeout (its default) aborts every request and the API server kills the engine
+    # core right after, usually before `Scheduler.shutdown` runs: the steps since the last write must be on disk then.
+    from test_async_depth import FakeEngineCore
+    from test_plugin_off_steps import SyncExecutor, _add, _step
+    from vllm.v1.request import RequestStatus
+
+    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats
+    from policies.scheduler import PeagleScheduler
+
+    stats_path = tmp_path / "stats.json"
+    config = PluginConfig(mode="static", class_depths={"none": 0}, stats_path=str(stats_path),
+                          idle_write_delay_s=60.0, flush_every_s=60.0)  # neither timer writes during the test
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    scheduler = FakeEngineCore(SyncExecutor()).build(PeagleScheduler)  # type: ignore[arg-type]
+    _add(scheduler, "a")
+    _add(scheduler, "b")
+    steps = 3
+    for _ in range(steps):
+        _step(scheduler)
+    assert not stats_path.exists()
+    aborted = scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+    assert {r.request_id for r in aborted} == {"a", "b"}
+    # Every request-step so far, as a burst's file has them (both requests were in each of the steps).
+    assert PluginStats.load(stats_path).depth_histogram() == {0: 2 * steps}
+    scheduler.shutdown()

@@ -491,6 +491,19 @@ class PeagleScheduler(Scheduler):
             self._between_from = None if idle or self._async else time.perf_counter()
         return outputs
 
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        finished = super().finish_requests(request_ids, finished_status)
+        if request_ids is None and self._stats is not None:
+            # Every request finished at once: vLLM's shutdown without a drain timeout (the default) aborts them so,
+            # then the API server kills the engine core at once, usually before `shutdown` below has run: write now.
+            writer = self._idle_writer
+            if writer is not None:
+                writer.busy()  # waits for a write in progress
+            self._flush(force=True)
+            if writer is not None:
+                writer.idle()  # no request is left
+        return finished
+
     def shutdown(self) -> None:
         try:
             if self._idle_writer is not None:
