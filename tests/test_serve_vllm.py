@@ -158,6 +158,9 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
             # ... and afterwards the controller is back, with the class caps.
             results["after_fault"] = _complete_all(
                 base, [("again", _request("plain", ent[1], peagle_class="entropic", peagle_phase="after"))])
+            # The idle write (0.25 s) lands before the stop below, so the figures asserted from the final file do not
+            # race vLLM's shutdown kill (the write on shutdown: test_idle_writer).
+            time.sleep(1.0)
             with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:  # noqa: S310
                 results["metrics"] = resp.read().decode()
         except BaseException as exc:  # noqa: BLE001 - reported by the test body
