@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, false, select, text, update
+from sqlalchemy.orm import Session
 
 from store import _validate as v
 from store._bad_rows import readable
@@ -35,7 +37,13 @@ class Recommendations(Repository):
         study: str | None = None,
         created_at: dt.datetime | None = None,
     ) -> int:
-        """Store a recommendation for `model` on `gpu` ("cpu" or GPU name); returns its id."""
+        """Store a recommendation for `model` on `gpu` ("cpu" or GPU name); returns its id.
+
+        Idempotent within a `study`: when that study already holds a recommendation with exactly these fields (the
+        same result, e.g. from several workers that shared the study and finished together), its id is returned and
+        nothing is stored. Writers of one study take turns (SQLite: the write lock, taken before looking; PostgreSQL:
+        an advisory lock on the study), so concurrent workers store one row, never one each.
+        """
         row = Recommendation(
             model=v.text("model", model),
             gpu=v.text("gpu", gpu, limit=v.DEVICE_CHARS),
@@ -54,6 +62,11 @@ class Recommendations(Repository):
             created_at=v.timestamp("created_at", created_at, default=utcnow()),
         )
         with self._session() as session:
+            if row.study is not None:
+                _take_turns(session, row.study)
+                for stored in session.scalars(select(Recommendation).where(Recommendation.study == row.study)):
+                    if all(getattr(stored, name) == getattr(row, name) for name in _CONTENT):
+                        return stored.id
             session.add(row)
             session.flush()
             return row.id
@@ -81,6 +94,25 @@ class Recommendations(Repository):
         query = _newest_first(model=model, gpu=gpu, workload_hash=workload_hash, objective=objective)
         with self._session() as session:
             return next(readable(session.scalars(query), recommendation_record, self._bad_row), None)
+
+
+#: The columns that make two recommendations the same (all but the id and the time of storing).
+_CONTENT = tuple(c.key for c in Recommendation.__table__.columns if c.key not in ("id", "created_at"))
+
+
+def _take_turns(session: Session, study: str) -> None:
+    """Hold, until this transaction ends, the lock that makes look-then-insert on `study`'s recommendations atomic.
+
+    SQLite: a write statement takes the database's write lock now (in WAL mode that also means reading the newest
+    commit), so no other writer can insert between our look and our insert. PostgreSQL: a transaction-scoped
+    advisory lock keyed by the study name; other writers of the study wait for it.
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        session.execute(update(Recommendation).where(false()).values(id=Recommendation.id))
+    elif dialect == "postgresql":
+        digest = hashlib.sha256(f"peagle-recommendation:{study}".encode()).digest()[:8]
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": int.from_bytes(digest, "big", signed=True)})
 
 
 def _newest_first(
