@@ -111,7 +111,7 @@ def _prompt_steps(root: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _draft_fetch(root: Path) -> dict[str, Any]:
     """The mean time of the engine core's draft fetch in the profile's speculative launch(es), ms (the plugin times
-    it, ``draft_fetch`` in plugin-stats.json, since 2026-12-03): {"draft_fetch_ms", "draft_fetch_n"}, or {} when no
+    it, ``draft_fetch`` in plugin-stats.json): {"draft_fetch_ms", "draft_fetch_n"}, or {} when no
     launch recorded one."""
     n, total = 0, 0.0
     for path in sorted(root.rglob("plugin-stats.json")):

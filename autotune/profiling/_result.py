@@ -61,14 +61,14 @@ class ProfileResult:
     """``step_samples``' shapes at their *mean* step time (summed ms / steps), measured: what a run pays per step
     (step times have a tail, so the mean is above the median). Not in ``cost_model`` (a fit on the medians); the
     simulator prices steps with the model refitted on these and ``baseline_means`` (stored in the profile's notes,
-    ``step_means``: `step_means_entry`). Empty: not recorded (profiles analysed before 2026-12-03)."""
+    ``step_means``: `step_means_entry`). Empty: not recorded (analysed by a version that did not record them)."""
     baseline_means: list[StepSample] = field(default_factory=list)
     """``baseline_samples``' shapes at their mean step time, measured (empty without a baseline launch)."""
     prompt_steps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """The launches' steps with prompt tokens, summed per phase (`policies.plugin.PluginStats.prompt_steps`):
     {"speculative": [...], "baseline": [...]}, measured; not in ``cost_model`` (decode steps only). The simulator
     prices a prompt token with them (`autotune.simulate.prompt_token_costs`; stored in the notes, ``prompt_steps``).
-    Empty: not recorded (profiles analysed before 2026-12-06 21:00)."""
+    Empty: not recorded (analysed by a version that did not record them)."""
     profile_id: int | None = None
     """Id in the store (None when not stored)."""
     outputs: dict[str, list[list[int]]] | None = None

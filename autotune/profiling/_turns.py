@@ -2,9 +2,9 @@
 
 Why: the cost model compares steps of the no-speculation launch with steps of the speculative one (the baseline,
 and what a skipped drafter costs). Launched one after the other, the two are minutes apart, and a shared machine's
-speed drifts over minutes: on 2026-12-06 the drafter-off steps of a speculative launch took 6.13 ms at batch 1 against
-4.52 ms in the no-speculation launch before it, while with both engines resident and interleaved the difference was at
-most ~0.4 ms (docs/benchmarks/simulate.md). Taking turns puts both launches' phase n seconds apart. It needs both
+speed drifts over minutes: on a shared 2-core machine the drafter-off steps of a speculative launch took 6.13 ms at
+batch 1 against 4.52 ms in the no-speculation launch minutes before it, while with both engines resident and
+interleaved the difference was at most ~0.4 ms. Taking turns puts both launches' phase n seconds apart. It needs both
 engines in memory at once: fine for a small model on a CPU, not for a large model on one GPU.
 
 The parent (`take_turns`) and the workers (`Turns`) talk through empty files in a directory only the user can

@@ -17,17 +17,17 @@ prices a drafter-off step of a speculative engine like a no-speculation step. Th
 - `prompt_token_costs`: what a prompt token costs the target, measured on the profile's no-speculation steps with
   prompt tokens (the plugin records them apart from the decode steps the fit is made of: ``mixed_step_costs`` in its
   statistics). A CPU computes a prompt's tokens in one large pass, cheaper per token than the decode steps the fit's
-  slope comes from (the profile of 2026-12-06 20:47: 0.103 ms against the fit's 0.131, which also holds the
-  drafter's share). Given, `FittedStepCost` prices prompt tokens with it, and the drafter's reading of them with
+  slope comes from (on the CPU fixtures ~0.10 ms against the fit's ~0.13, which also holds the drafter's share).
+  Given, `FittedStepCost` prices prompt tokens with it, and the drafter's reading of them with
   ``drafter_token_ms`` as before.
 
 And one refit: `mean_cost_model`. The profile's samples are the *median* step time per shape, but a run's duration
-is the sum of its steps, i.e. their *mean* times the count, and CPU steps have a tail (the profile's speculative
-launch at B = 1, depth 1: median 5.47 ms, mean 5.67 ms). The plugin statistics of the profile's launches record each
+is the sum of its steps, i.e. their *mean* times the count, and CPU steps have a tail (on the CPU fixtures at
+B = 1, depth 1, the mean is ~4% above the median). The plugin statistics of the profile's launches record each
 shape's sum and count, so the simulator can refit the same linear model on the per-shape means
 (``PluginStats.step_samples(statistic="mean")`` of `policies.plugin`) and price steps as a run pays them. A profile
-analysed since 2026-12-03 keeps those means (`profile_step_means`: ``notes["step_means"]`` of a stored profile), and
-`profile_setup` prices with the refit when they are there.
+keeps those means when its analysis recorded them (`profile_step_means`: ``notes["step_means"]`` of a stored
+profile), and `profile_setup` prices with the refit when they are there.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def prompt_token_costs(
 
 def profile_step_means(record: Any) -> tuple[list[StepSample], list[StepSample]] | None:
     """A profile's per-shape *mean* step times (ms, measured), as (speculative launch, no-speculation launch), or
-    None when it recorded none (profiles analysed before 2026-12-03).
+    None when it recorded none (profiles analysed by versions that did not record them).
 
     ``record``: an `autotune.profiling.ProfileResult` (``step_means``, ``baseline_means``), its ``to_dict()``
     (``step_means``), or a stored profile (`store.ProfileRecord` or its dict: ``notes["step_means"]``); the stored
