@@ -79,6 +79,9 @@ class ScenarioResult:
     shipped backend reported a partial result). Kept in every output so their formats stay as they were."""
     n_running: int = 0
     """Trials other workers were still measuring when this worker finished."""
+    n_excluded: int = 0
+    """Finished trials whose figures are not finite (NaN or infinite): left out of picking and of the comparisons
+    (counted among complete or failed as they finished; `rule` says how many)."""
     n_measurements: int = 0
     """backend.measure calls made by this worker for the study and comparisons (engine launches with vLLM)."""
     profile_launches: int = 0
@@ -122,9 +125,11 @@ class ScenarioResult:
         return (self.n_measurements if self.launches is None else self.launches) + self.profile_launches
 
     def speedup_over(self, other: Measurement | None) -> float | None:
-        if other is None or not other.ok or not other.output_tokens_per_s or not self.best.output_tokens_per_s:
+        """Best tokens/s over `other`'s; None when either is missing, zero or not finite (NaN/inf)."""
+        if other is None or not other.ok or not _positive(other.output_tokens_per_s) \
+                or not _positive(self.best.output_tokens_per_s):
             return None
-        return self.best.output_tokens_per_s / other.output_tokens_per_s
+        return self.best.output_tokens_per_s / other.output_tokens_per_s  # type: ignore[operator]
 
     def recommendation_metrics(self) -> dict[str, Any]:
         """The metrics a stored recommendation keeps: the best's figures, speedups, the rule and trial counts."""
@@ -139,6 +144,7 @@ class ScenarioResult:
             "n_trials": self.n_trials,
             "n_failed": self.n_failed,
             "n_pruned": self.n_pruned,
+            "n_excluded": self.n_excluded,
         }
         if self.constraints:
             metrics["constraints"] = self.constraints
@@ -335,17 +341,27 @@ def summarize(
     def config_of(t: FrozenTrial) -> SpecConfig | None:
         return trial_config(space, t)
 
-    def lookup(config: SpecConfig) -> Measurement:
+    def lookup(config: SpecConfig) -> Measurement | None:
+        """The measurement of `config` (the study's, else `measure`'s), or None when its figures are not finite."""
         for t in complete:
             if trial_info(t).get("duplicate_of") is None and config_of(t) == config:
-                return trial_measurement(t) or measure(config)
-        return measure(config)
+                return _finite(trial_measurement(t) or measure(config))
+        return _finite(measure(config))
 
     mine = [t for t in trials if counted(t)]
-    complete, failed, pruned, running = (
+    finished, failed, pruned, running = (
         [t for t in mine if t.state == state]
         for state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED, TrialState.RUNNING)
     )
+    # A NaN or infinite figure would win (or poison) every comparison: such trials take no part in picking.
+    excluded = [t for t in (*finished, *failed) if not finite_trial(t)]
+    complete = [t for t in finished if finite_trial(t)]
+    if finished and not complete:
+        raise UsageError(
+            f"No trial of study {study.study_name!r} completed with finite figures: all {len(finished)} complete "
+            f"trials have NaN or infinite figures (see `peagle-tune show --trials {study.study_name}`). Check the "
+            "backend's measurements and run again."
+        )
     if not complete:
         reasons = sorted({str(trial_info(t).get("failure", "unknown")) for t in failed})
         raise UsageError(
@@ -353,17 +369,17 @@ def summarize(
             f"{len(running)} running elsewhere): {'; '.join(reasons)[:500]}. Fix the cause above "
             f"(see `peagle-tune show --trials {study.study_name}`) and run again."
         )
-    front = pareto_front(study, config_of) if objective.multi else []
+    front = [t for t in pareto_front(study, config_of) if finite_trial(t)] if objective.multi else []
     chosen, ok = pick_released(objective, complete, front, scenario, space, config_of)
     config = config_of(chosen)
     assert config is not None
-    best = trial_measurement(chosen) or measure(config)
+    best = trial_measurement(chosen) or measure(config)  # the chosen trial's figures are finite
     constraints = dict(chosen.constraints)
     per_variant = drafter_comparison(objective, complete, space, config_of, scenario.concurrency)
     twin = _within_concurrency(config, scenario, space)
     if ok and twin is not None:  # the sampler may never have tried the same config at the concurrency
         candidate = lookup(twin)
-        if _no_worse(objective, candidate, best):
+        if candidate is not None and _no_worse(objective, candidate, best):
             per_variant = [_moved(row, twin, candidate) if row.best_config == config else row for row in per_variant]
             best, config = candidate, twin
             constraints = objective.constraints(measurement_metrics(candidate))
@@ -381,12 +397,16 @@ def summarize(
         best=best,
         baseline=baseline,
         published=published,
-        n_trials=len(complete) + len(failed) + len(pruned),
+        n_trials=len(finished) + len(failed) + len(pruned),
         n_failed=len(failed),
         n_pruned=len(pruned),
         n_running=len(running),
+        n_excluded=len(excluded),
         feasible=ok,
-        rule=rule(objective, ok),
+        rule=rule(objective, ok) + (
+            f"; {len(excluded)} trial{'s' if len(excluded) != 1 else ''} with NaN or infinite figures left out"
+            if excluded else ""
+        ),
         pareto=[_point(space, t) for t in front],
         hypothetical=(
             f"{hypo.name} is HYPOTHETICAL ({hypo.note or 'an unreleased variant'}): no checkpoint exists, so vLLM "
@@ -395,6 +415,37 @@ def summarize(
         constraints=constraints,
         per_drafter=per_variant,
     )
+
+
+def _positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def _non_finite(value: Any) -> bool:
+    """Does `value` (a number, or a dict/list of them) hold a NaN or infinite float?"""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def finite_trial(t: FrozenTrial) -> bool:
+    """Are `t`'s objective values and measured figures all finite? (An infinite constraint value is a missing
+    figure's SLO violation, not a measured number: it only makes the trial infeasible.)"""
+    metrics = {k: v for k, v in (trial_info(t).get("metrics") or {}).items() if k != "constraints"}
+    constraints = [v for v in t.constraints.values() if math.isnan(v)]
+    return not (_non_finite(list(t.values or [])) or _non_finite(metrics) or constraints)
+
+
+def _finite(m: Measurement | None) -> Measurement | None:
+    """`m`, or None when any of its figures is NaN or infinite (it cannot be compared with)."""
+    if m is None:
+        return None
+    figures = (m.output_tokens_per_s, m.tpot_ms_p50, m.tpot_ms_p99, m.ttft_ms_p50, m.ttft_ms_p99, m.speedup_vs_no_spec)
+    return None if _non_finite([f for f in figures if f is not None]) else m
 
 
 def _moved(row: DrafterBest, config: SpecConfig, m: Measurement) -> DrafterBest:
