@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.search import best_depth_per_batch, default_batch_sizes, merge_schedule
     from autotune.workloads import load_workload
     from policies import ClassPolicy, RequestPolicy
-    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_env, engine_kwargs
+    from policies.plugin import CONFIG_ENV, PluginConfig, PluginStats, engine_kwargs
+    from policies.plugin.config import engine_env
 
     for needed in (args.models / "target" / "config.json", args.models / args.drafter / "config.json", args.workload):
         if not needed.is_file():
@@ -471,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
             key = f"c{cc}:shifting"
             ratio = entropic(IDLE, key) / entropic(NO_SPEC, key)
             lines.append(f"| {IDLE} / no speculation, c={cc} entropic phase | {ratio:.3f}x | | |")
-            st = f"c{cc}:stationary"
-            lines.append(f"| {IDLE} / no speculation, c={cc} stationary | {med(IDLE, st) / med(NO_SPEC, st):.3f}x "
+            skey = f"c{cc}:stationary"
+            lines.append(f"| {IDLE} / no speculation, c={cc} stationary | {med(IDLE, skey) / med(NO_SPEC, skey):.3f}x "
                          "| | |")
     lines.append("")
     for label, path in stats_paths.items():
