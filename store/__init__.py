@@ -21,6 +21,7 @@ from store._records import (
 from store._store import Store, upgrade
 from store._studies import Direction
 from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
+from store._validate import NAME_CHARS as MAX_NAME_CHARS
 from store.exceptions import (
     BadRowError,
     BadRowWarning,
@@ -48,6 +49,7 @@ __all__ = [
     "DrafterRecord",
     "EnvironmentRecord",
     "InvalidRecordError",
+    "MAX_NAME_CHARS",
     "ModelRecord",
     "NotFoundError",
     "ProfileRecord",

@@ -47,7 +47,7 @@ from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
 from autotune.search.trials import ATTR, counted, slim, state_counts, trial_config
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
-from store import Store, StoreError, normalize_db_url
+from store import MAX_NAME_CHARS, Store, StoreError, normalize_db_url
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,40 @@ DUPLICATE_STREAK_LIMIT = 8
 CONFIRMATION_ATTR = "peagle_confirmation:"
 
 
+#: Longest study prefix: the store keeps names of `MAX_NAME_CHARS`, and ``-c<concurrency>`` (at most ``-c65536``)
+#: is added to it.
+MAX_STUDY_PREFIX_CHARS = MAX_NAME_CHARS - len("-c65536")
+
+
 def study_name_for(prefix: str, scenario: Scenario) -> str:
     return f"{prefix}-c{scenario.concurrency}"
+
+
+def fitting_study_prefix(prefix: str) -> str:
+    """`prefix`, or, when longer than `MAX_STUDY_PREFIX_CHARS`, its start and a hash of the whole (the same name on
+    every run, so a long default name still resumes its study)."""
+    if len(prefix) <= MAX_STUDY_PREFIX_CHARS:
+        return prefix
+    digest = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{prefix[:MAX_STUDY_PREFIX_CHARS - len(digest) - 1]}-{digest}"
+
+
+def checked_study_prefix(prefix: str) -> str:
+    """A --study name as given, if the store can keep it: printable text of 1 to `MAX_STUDY_PREFIX_CHARS`."""
+    problem = ""
+    if not prefix.strip():
+        problem = "it is empty"
+    elif len(prefix) > MAX_STUDY_PREFIX_CHARS:
+        problem = f"it has {len(prefix):,} characters"
+    elif not prefix.isprintable():
+        i, char = next((i, c) for i, c in enumerate(prefix) if not c.isprintable())
+        problem = f"it holds {char!r} at character {i}"
+    if problem:
+        raise UsageError(
+            f"--study takes a name of 1 to {MAX_STUDY_PREFIX_CHARS} printable characters (the database keeps "
+            f"{MAX_NAME_CHARS}, and -c<concurrency> is added), but {problem}."
+        )
+    return prefix
 
 
 def _slug(s: str) -> str:
@@ -133,9 +165,11 @@ class Search:
         if self.heartbeat_interval < 1:
             raise UsageError(f"--heartbeat must be >= 1 second, but got {self.heartbeat_interval}.")
         if self.study_prefix is None:
-            self.study_prefix = default_study_prefix(
+            self.study_prefix = fitting_study_prefix(default_study_prefix(
                 self.model, self.device, self.workload.name, self.objective.slug(), self.strategy.label
-            ) + f"-{self.fingerprint()}"
+            ) + f"-{self.fingerprint()}")
+        else:
+            self.study_prefix = checked_study_prefix(self.study_prefix)
         if self.profiles is None:
             self.profiles = functools.partial(
                 store_or_profile, store=self.store, backend=self.backend, model=self.model, device=self.device,
