@@ -201,7 +201,7 @@ def _instrument(scheduler: Any) -> dict[str, list[float]]:
         wrap(scheduler._controller, "decide", "  controller.decide")
         wrap(scheduler._controller, "refresh", "    controller.refresh")
         wrap(scheduler._controller, "observe_tally", "record: controller.observe_tally")
-    wrap(scheduler._batch, "sync", "  TrackedBatch.sync")
+    wrap(scheduler._decider.batch, "sync", "  TrackedBatch.sync")
     wrap(scheduler, "_observe", "update_from_output: _observe")
     wrap(scheduler, "_record", "update_from_output: _record (total)")
     wrap(scheduler._stats, "observe_tally", "  record: stats.observe_tally")

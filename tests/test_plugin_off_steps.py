@@ -159,13 +159,13 @@ def test_the_controller_prices_a_drafting_step_with_the_drafts_fetch_after_it(
     monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
     executor = FetchingExecutor()
     scheduler = FakeEngineCore(executor).build(PeagleScheduler)  # type: ignore[arg-type]
-    assert scheduler._fetch_skipped  # the plugin skips the fetch after an off-step
+    assert scheduler._width.fetch_skipped  # the plugin skips the fetch after an off-step
 
     seen: list[tuple[float | None, float | None, bool, float | None]] = []  # (step ms, learnt ms, off-step, fetch)
     record_stats, learn = scheduler._stats.observe_tally, scheduler._controller.observe_tally
 
     def stats_tally(tally: Any, step_ms: float | None = None, **kw: Any) -> None:
-        seen.append((step_ms, None, scheduler._off_step, scheduler._fetch_cost.ms))
+        seen.append((step_ms, None, scheduler._width.off_step, scheduler._width.fetch_cost.ms))
         record_stats(tally, step_ms=step_ms, **kw)
 
     def controller_tally(tally: Any, step_ms: float | None = None, drafting: int | None = None) -> None:
@@ -185,7 +185,7 @@ def test_the_controller_prices_a_drafting_step_with_the_drafts_fetch_after_it(
             output = scheduler.schedule()
             accepted = {cls: 4 if cls == "always" else 0}
             scheduler.update_from_output(output, _runner_output(output, accepted))
-            scheduler._executor.take_draft_token_ids()  # what EngineCore.post_step does (wrapped by the plugin)
+            scheduler._width.executor.take_draft_token_ids()  # what EngineCore.post_step does (wrapped by the plugin)
             width = output.num_spec_tokens_to_schedule
             if width and cls in scheduler.requests:
                 scheduler.update_draft_token_ids(DraftTokenIds([cls], [[5] * width]))
