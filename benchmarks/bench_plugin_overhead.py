@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/bench_plugin_overhead.py [--batch 8] [--steps 2000] [--repeats 5] [--mode adaptive]
-        [--stats-file /tmp/bench2/w/adaptive-new-stats.json]
+    python -m benchmarks.bench_plugin_overhead [--batch 8] [--steps 2000] [--repeats 5] [--mode adaptive]
+        [--stats-file DIR/adaptive-new-stats.json]
 
 What runs: vLLM's real ``Scheduler`` and the plugin's ``PeagleScheduler`` (a subclass) are driven with the same
 seeded workload and fake runner outputs, in the synchronous engine-core order (``schedule``, ``get_grammar_bitmask``,
@@ -40,13 +40,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
+from benchmarks.fakes import FakeEngineCore
+from policies.plugin import CLASS_KEY
+
 K = 4
 PROMPT_LEN = 12
 MAX_TOKENS = 64
 
-# The adaptive section of the issue-10 runtime benchmark's plugin config (/tmp/bench2/w/adaptive-new-plugin.json).
+# The adaptive section of the issue-10 runtime benchmark's plugin config (adaptive-new-plugin.json of its work
+# directory).
 ADAPTIVE: dict[str, Any] = {
     "policy": {
         "version": 1, "model": None, "static_k": 4, "max_k": 4, "default_class": "predictable",
@@ -78,31 +80,9 @@ class FakeExecutor:
                              off_steps="catch_up").to_dict()]
 
 
-class FakeEngineCore:
-    """Builds a scheduler the way vLLM's ``EngineCore.__init__`` does: with ``self.model_executor`` in scope (the
-    plugin finds the executor for its handshake there)."""
-
-    def __init__(self) -> None:
-        self.model_executor = FakeExecutor()
-
-    def build(self, scheduler_cls: type, batch: int) -> Any:
-        import torch
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.structured_output import StructuredOutputManager
-
-        config = EngineArgs(
-            model=str(MODELS / "target"), dtype="float32", max_model_len=256, max_num_seqs=batch, enforce_eager=True,
-            enable_prefix_caching=False, async_scheduling=False,
-            speculative_config={"method": "draft_model", "model": str(MODELS / "drafter-1l"),
-                                "num_speculative_tokens": K, "parallel_drafting": True},
-        ).create_engine_config()
-        blocks = 64 * batch
-        config.cache_config.num_gpu_blocks = blocks
-        spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-        return scheduler_cls(vllm_config=config, kv_cache_config=kv, log_stats=True,
-                             structured_output_manager=StructuredOutputManager(config), block_size=16)
+def _build(core: FakeEngineCore, scheduler_cls: type, batch: int) -> Any:
+    """A scheduler for `batch` requests: 64 KV blocks per request, synchronous scheduling."""
+    return core.build(scheduler_cls, batch, num_blocks=64 * batch, async_scheduling=False)
 
 
 class Workload:
@@ -123,7 +103,7 @@ class Workload:
         name = f"r{self.next_id}"
         self.next_id += 1
         self.classes[name] = cls
-        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, extra_args={"peagle_class": cls})
+        params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, extra_args={CLASS_KEY: cls})
         self.scheduler.add_request(Request(name, list(range(1, PROMPT_LEN + 1)), params, None))
 
     def step(self) -> None:
@@ -233,16 +213,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from policies.scheduler import PeagleScheduler
 
-    core = FakeEngineCore()
+    core = FakeEngineCore(FakeExecutor())
     load0 = os.getloadavg()
     rows: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         _plugin_env(Path(tmp), args.mode)
         for rep in range(args.repeats):
             seed = 1000 + rep
-            base_wall, base_cpu, _ = _timed(core.build(Scheduler, args.batch), args.batch, args.warmup, args.steps,
+            base_wall, base_cpu, _ = _timed(_build(core, Scheduler, args.batch), args.batch, args.warmup, args.steps,
                                             seed)
-            plugin = core.build(PeagleScheduler, args.batch)
+            plugin = _build(core, PeagleScheduler, args.batch)
             wall, cpu, own = _timed(plugin, args.batch, args.warmup, args.steps, seed)
             rows["vLLM Scheduler wall"].append(base_wall)
             rows["PeagleScheduler wall"].append(wall)
@@ -250,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             rows["delta cpu (plugin - vLLM)"].append(cpu - base_cpu)
             rows["plugin (stats overhead_ms/step)"].append(own)
             plugin.shutdown()
-        plugin = core.build(PeagleScheduler, args.batch)
+        plugin = _build(core, PeagleScheduler, args.batch)
         acc = _instrument(plugin)
         work = Workload(plugin, args.batch, 7)
         for _ in range(args.warmup):
