@@ -28,7 +28,7 @@ import yaml
 from autotune.engine import config_args, export_options, serve_command, shell_line
 from autotune.errors import UsageError
 from autotune.safe_text import printable_line
-from autotune.selection import objective_label
+from autotune.selection import objective_label, slo_words
 from autotune.spec import SpecConfig
 
 FORMATS = ("vllm-json", "vllm-args", "yaml", "schedule", "policy")
@@ -39,6 +39,42 @@ SCHEDULE_PD_WARNING = (
     "(vLLM issue #45695); with a P-EAGLE drafter serve through `peagle-tune serve`, which applies the "
     "schedule by trimming drafts in its scheduler instead."
 )
+#: A vllm-json export of a config without speculation.
+NO_SPECULATION_WARNING = "The recommendation is to serve WITHOUT speculation; there is no speculative config."
+
+
+def schedule_unsupported(config: SpecConfig) -> str | None:
+    """Why vLLM would mishandle `config` with a per-batch-size schedule (``num_speculative_tokens_per_batch_size``),
+    or None when it takes it: the one rule the schedule export, `peagle-tune serve`'s plain `vllm serve` line and
+    search's `Next:` line follow."""
+    return SCHEDULE_PD_WARNING if config.speculative and config.parallel_drafting else None
+
+
+def format_warnings(fmt: str, recommendation: Mapping[str, Any]) -> list[str]:
+    """What exporting `recommendation` (a stored recommendation's dict, or one with its ``best_config``,
+    ``metrics`` and ``schedule``) in `fmt` warns about; `render` says these, and `clean_formats` leaves out the
+    formats that have any."""
+    config = SpecConfig.from_dict(dict(recommendation["best_config"]))
+    warnings: list[str] = []
+    hypothetical = hypothetical_warning(recommendation)
+    if hypothetical and fmt != "policy":
+        warnings.append(hypothetical)
+    if fmt == "vllm-json" and not config.speculative:
+        warnings.append(NO_SPECULATION_WARNING)
+    if fmt == "schedule":
+        unsupported = schedule_unsupported(config)
+        if unsupported:
+            warnings.append(unsupported)
+    return warnings
+
+
+def clean_formats(recommendation: Mapping[str, Any]) -> list[str]:
+    """The formats `recommendation` exports without a warning or an error (a schedule needs one that speculates
+    somewhere), in `FORMATS` order: what a hint may suggest."""
+    config = SpecConfig.from_dict(dict(recommendation["best_config"]))
+    schedule = recommendation.get("schedule") or []
+    has_schedule = config.speculative and any(int(e.get("k", 0)) > 0 for e in schedule)
+    return [f for f in FORMATS if not format_warnings(f, recommendation) and (f != "schedule" or has_schedule)]
 
 
 def hypothetical_warning(recommendation: Mapping[str, Any]) -> str | None:
@@ -85,14 +121,10 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, but got {fmt!r}.")
     model = recommendation["model"]
     config = SpecConfig.from_dict(recommendation["best_config"])
-    warnings: list[str] = []
-    hypothetical = hypothetical_warning(recommendation)
-    if hypothetical and fmt != "policy":
-        warnings.append(hypothetical)
+    warnings = format_warnings(fmt, recommendation)
     if fmt == "vllm-json":
         spec = config.speculative_config()
         if spec is None:
-            warnings.append("The recommendation is to serve WITHOUT speculation; there is no speculative config.")
             return "null\n", warnings
         return json.dumps(spec, indent=2) + "\n", warnings
     if fmt == "vllm-args":
@@ -101,7 +133,7 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
         header = comment_lines([*describe(recommendation), "Serve with: vllm serve --config THIS_FILE.yaml"])
         return header + yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
     if fmt == "schedule":
-        return _schedule(config, recommendation, warnings), warnings
+        return _schedule(config, recommendation), warnings
     doc = policy_document(recommendation)
     if as_json:
         return json.dumps(doc, indent=2) + "\n", warnings
@@ -109,8 +141,9 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
 
 
 def describe(recommendation: Mapping[str, Any]) -> list[str]:
-    """What an export holds, in two lines: the recommendation (id, model, GPU, workload, objective, concurrency)
-    and its config and figures (tokens/s, speedup over no speculation, measured or predicted). Example::
+    """What an export holds, in two lines: the recommendation (id, model, GPU, workload, objective, concurrency,
+    its SLOs if any: `autotune.selection.slo_words`) and its config and figures (tokens/s, speedup over no
+    speculation, measured or predicted). Example::
 
         recommendation #3: openai/gpt-oss-120b on NVIDIA H200 SXM 141GB, mt-bench, throughput, concurrency 64
         amazon/gpt-oss-120b-p-eagle (4L), parallel drafting, K=4, max_num_seqs=64: 6509.8 tok/s, 1.72x vs no
@@ -122,6 +155,9 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
     where = (f"recommendation #{recommendation.get('id')}: {recommendation.get('model')} on "
              f"{recommendation.get('gpu')}, {recommendation.get('workload_name')}, {objective_label(recommendation)}, "
              f"concurrency {scenario.get('concurrency')}")
+    slo = slo_words(recommendation)
+    if slo:
+        where += f"; SLO: {slo}"
     try:
         config = SpecConfig.from_dict(dict(recommendation.get("best_config") or {}))
     except Exception:  # stored by another version: say what it holds
@@ -144,7 +180,7 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
     return [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
 
 
-def _schedule(config: SpecConfig, recommendation: Mapping[str, Any], warnings: list[str]) -> str:
+def _schedule(config: SpecConfig, recommendation: Mapping[str, Any]) -> str:
     spec = config.speculative_config()
     schedule = recommendation.get("schedule") or []
     if spec is None or not schedule:
@@ -163,8 +199,6 @@ def _schedule(config: SpecConfig, recommendation: Mapping[str, Any], warnings: l
     # vLLM uses min(num_speculative_tokens, scheduled K) per step, so the drafter's K is the schedule's deepest depth.
     spec["num_speculative_tokens"] = top
     spec["num_speculative_tokens_per_batch_size"] = entries
-    if config.parallel_drafting:
-        warnings.append(SCHEDULE_PD_WARNING)
     # One [start, end, K] range per line.
     return re.sub(r"\[\s+(\d+),\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2, \3]", json.dumps(spec, indent=2)) + "\n"
 

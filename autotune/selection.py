@@ -166,6 +166,31 @@ def objective_label(rec: Any) -> str:
     return "-".join(parts)
 
 
+#: How a p99 SLO check is labelled when the backend models no tail (it compared the p50).
+NO_TAIL = "p99 = p50 (no tail modelled)"
+
+
+def slo_words(rec: Any) -> str | None:
+    """The recommendation's SLOs in words, ``TPOT p99 <= 12 ms``, with `NO_TAIL` when its backend modelled no tail
+    (the model backend: the check compared the p50); None without SLOs. `rec` is a record or its ``to_dict()``."""
+    metrics = (rec.get("metrics") if isinstance(rec, Mapping) else getattr(rec, "metrics", None)) or {}
+    stored = metrics.get("objective")
+    if not isinstance(stored, Mapping):
+        return None
+    slos = []
+    no_tail = False
+    filled = metrics.get("p99_from_p50") or ()
+    for key, name, metric in (("slo_tpot_p99_ms", "TPOT p99", "tpot_ms_p99"),
+                              ("slo_ttft_p99_ms", "TTFT p99", "ttft_ms_p99")):
+        value = stored.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            slos.append(f"{name} <= {value:g} ms")
+            no_tail |= metric in filled
+    if not slos:
+        return None
+    return ", ".join(slos) + (f"; {NO_TAIL}" if no_tail else "")
+
+
 def concurrency_of(rec: Any) -> int | None:
     value = (rec.scenario or {}).get("concurrency")
     return value if isinstance(value, int) and not isinstance(value, bool) else None

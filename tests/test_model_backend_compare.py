@@ -91,6 +91,16 @@ def test_ties_go_to_max_num_seqs_within_the_concurrency_as_the_search_picks() ->
     assert per_drafter(paying, concurrency=64)[0].best_config.max_num_seqs == 128
 
 
+def test_a_predicted_win_inside_its_spread_goes_to_the_smaller_k_as_the_search_picks() -> None:
+    # tie_margin(0.05) = 1 - exp(-0.05) = 4.9%: K=2 at 970 tok/s (3% below K=5's 1000) ties when predicted with that
+    # spread, not when measured (spread 0: the 0.1% margin).
+    predicted = [TrialOutcome(cfg(EAGLE3, 5), 1000.0, log_sigma=0.05), TrialOutcome(cfg(EAGLE3, 2), 970.0,
+                                                                                     log_sigma=0.05)]
+    assert per_drafter(predicted)[0].k == 2
+    measured = [TrialOutcome(cfg(EAGLE3, 5), 1000.0), TrialOutcome(cfg(EAGLE3, 2), 970.0)]
+    assert per_drafter(measured)[0].k == 5
+
+
 def test_without_an_eagle3_head_there_is_no_eagle3_speedup() -> None:
     rows = per_drafter([TrialOutcome(cfg(P_EAGLE, 7, True, 4), 2000.0)])
     assert rows[0].speedup_vs_eagle3 is None and not rows[0].is_eagle3_reference

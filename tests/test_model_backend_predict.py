@@ -244,25 +244,28 @@ def test_open_loop_below_capacity_serves_the_offered_load(gpt_oss_h200: ModelBac
 
 
 def test_weights_that_do_not_fit_are_out_of_memory(mt_bench: Workload) -> None:
-    # gpt-oss-120b stores 65.2 GB of weights; an L40S has 0.9 * 48 - 2 = 41.2 GB usable.
+    # The one memory-fit check (autotune.fit): gpt-oss-120b stores 65.2 GB of weights, + 3.5 GiB (3.8 GB) of
+    # overhead = 69.0 GB; an L40S holds 0.92 * 48 = 44.2 GB.
     m = ModelBackend(GPT_OSS, "l40s").measure(SpecConfig(), mt_bench, Scenario(concurrency=1))
     assert not m.ok and m.failure_kind == "out_of_memory"
-    assert m.failure_reason is not None and "65.2 GB" in m.failure_reason and "tp >= 2" in m.failure_reason
+    assert m.failure_reason is not None and "65.2 GB" in m.failure_reason
+    assert "use --tensor-parallel-size 2" in m.failure_reason
     assert m.provenance.kind == "predicted"
-    # Two of them (tp=2: 84.4 GB usable) hold it.
+    # Two of them hold it: 32.6 GB of weights + 5.5 GiB (5.9 GB) of overhead per GPU = 38.5 GB.
     assert ModelBackend(GPT_OSS, "l40s", tp=2).measure(SpecConfig(), mt_bench, Scenario(concurrency=1)).ok
 
 
 def test_kv_cache_that_does_not_fit_is_out_of_memory_with_the_batch_that_fits() -> None:
-    # gpt-oss-120b + its P-EAGLE head (1.714 B params stored, 3.43 GB) on one H100: 70 - 65.2 - 3.43 = 1.37 GB for
-    # KV. With 8000-token prompts and 256 output tokens a running request holds on average 8000 + 128 + K+1 = 8134
-    # tokens: 2048 B * (18 * 8134 + 18 * 128 sliding + 4 * 8134 head layers) = 0.371 GB, so 3 fit and 64 do not.
+    # gpt-oss-120b + its P-EAGLE head (1.714 B params stored, 3.43 GB) + 3.8 GB of overhead on one H100 (0.92 * 80 =
+    # 73.6 GB) leave 1.2 GB for KV. Each request may reach 8000 prompt + 256 output + K+1 = 8262 tokens (8272 in
+    # blocks of 16): 2048 B * (18 * 8272 + 18 * 144 sliding + 4 * 8272 head layers) = 0.378 GB, so 3 fit and 64 do not.
     workload = chat(prompt_chars=32_000, max_tokens=256)
     backend = ModelBackend(GPT_OSS, "h100")
     m = backend.measure(p_eagle(5, seqs=64), workload, Scenario(concurrency=64))
     assert not m.ok and m.failure_kind == "out_of_memory"
-    assert m.failure_reason is not None and "max_num_seqs to <= 3" in m.failure_reason
+    assert m.failure_reason is not None and "--max-num-seqs 3" in m.failure_reason
     assert backend.measure(p_eagle(5, seqs=3), workload, Scenario(concurrency=3)).ok
+    assert not backend.measure(p_eagle(5, seqs=4), workload, Scenario(concurrency=4)).ok
 
 
 # ---- calibration and fitted step cost --------------------------------------------------------------------------

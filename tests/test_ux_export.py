@@ -66,7 +66,13 @@ def test_a_recommendation_by_id_offers_the_rest_of_its_search(db: str) -> None:
     assert result.exit_code == 0, result.output
     err = " ".join(result.stderr.split())
     assert f"c=1 (#{recs(db)[1]['id']})" in err and f"c=8 (#{recs(db)[8]['id']})" in err
-    assert "--concurrency C" in err and "--format schedule" in err
+    assert "--concurrency C" in err
+    # The batch-size schedule is offered only where its export would not warn: not for a pick that drafts in
+    # parallel, which vLLM 0.32 mishandles with a schedule (issue 33.9).
+    parallel = recs(db)[64]["best_config"]["parallel_drafting"]
+    assert ("--format schedule" in err) is not parallel
+    schedule = cli("export", "--recommendation", str(recs(db)[64]["id"]), "--format", "schedule", "--db", db)
+    assert ("mishandles" in schedule.stderr) is parallel
 
 
 def test_concurrency_picks_that_recommendation(db: str) -> None:

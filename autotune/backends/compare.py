@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,17 @@ __all__ = [
     "is_plain_eagle3",
     "per_drafter",
     "tie_key",
+    "tie_margin",
 ]
 
 #: Scores within this relative distance of the best are ties, broken by `tie_key` (the search's own rule).
 TIE = 1e-3
+
+
+def tie_margin(log_sigma: float = 0.0) -> float:
+    """Relative gap under which a config ties the best: `TIE`, or the best's predicted spread (one sigma, log scale)
+    when wider (a predicted win inside the noise of the prediction goes to the simpler config by `tie_key`)."""
+    return max(TIE, 1.0 - math.exp(-log_sigma))
 
 
 def tie_key(config: SpecConfig, concurrency: int | None) -> tuple[bool, int, int, int]:
@@ -61,6 +69,8 @@ class TrialOutcome:
     """The drafter is an unreleased variant (no checkpoint): predicted only."""
     feasible: bool = True
     """The trial met the search's SLOs; infeasible trials only count when a variant has no feasible one."""
+    log_sigma: float = 0.0
+    """The spread (one sigma, log scale) of a predicted trial's figures; 0 for a measured one (`tie_margin`)."""
 
     @classmethod
     def from_measurement(
@@ -80,6 +90,7 @@ class TrialOutcome:
         *,
         hypothetical: bool = False,
         feasible: bool = True,
+        log_sigma: float = 0.0,
     ) -> TrialOutcome | None:
         """From a stored trial: its config (object or ``SpecConfig.to_dict()``) and its metrics dict (keys
         ``output_tokens_per_s``, ``speedup_vs_no_spec``, ``tpot_ms_p50``); None without tokens/s."""
@@ -96,6 +107,7 @@ class TrialOutcome:
             float(tpot) if isinstance(tpot, int | float) else None,
             hypothetical,
             feasible,
+            log_sigma,
         )
 
 
@@ -156,8 +168,9 @@ def _variant(o: TrialOutcome) -> tuple[str, int | None, bool, bool]:
 def _best(outcomes: Sequence[TrialOutcome], score: Callable[[TrialOutcome], float],
           concurrency: int | None = None) -> TrialOutcome:
     pool = [o for o in outcomes if o.feasible] or list(outcomes)
-    top = max(score(o) for o in pool)
-    tied = [o for o in pool if score(o) >= top - abs(top) * TIE]
+    best = max(pool, key=score)
+    top = score(best)
+    tied = [o for o in pool if score(o) >= top - abs(top) * tie_margin(best.log_sigma)]
     return min(tied, key=lambda o: (*tie_key(o.config, concurrency), -score(o)))
 
 
@@ -179,7 +192,8 @@ def per_drafter(
         eagle3: says whether a drafter is a plain EAGLE-3 head (default: the catalog; for names it does not know,
             a head never tried with parallel drafting counts as EAGLE-3).
         score: what "best" maximises (default output tokens/s; pass e.g. ``lambda o: -(o.tpot_ms or inf)`` for
-            latency). Feasible trials win over infeasible ones; ties within 0.1% are broken by `tie_key`.
+            latency). Feasible trials win over infeasible ones; ties (within `tie_margin` of the best) are broken by
+            `tie_key`, as the search picks.
         concurrency: the scenario's concurrency, for `tie_key` (None: not known).
 
     The EAGLE-3 reference is the best variant of a plain EAGLE-3 head run sequentially (released heads preferred

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.backends._drafter_cost import request_kv_bytes
+from autotune.backends._drafter_cost import drafter_weight_params, request_kv_bytes
 from autotune.backends._roofline import (
     RooflineParams,
     expected_distinct_experts,
@@ -33,10 +33,8 @@ from autotune.backends._roofline import (
 )
 from autotune.backends._step import (
     Calibration,
-    MemoryBudget,
     StepTime,
     fit_calibration,
-    memory_budget,
     prefill_ms,
     step_time,
 )
@@ -52,6 +50,7 @@ from autotune.catalogs import (
     resolve_model,
 )
 from autotune.errors import ConfigError, PeagleError, UsageError
+from autotune.fit import MemoryFit, check_gpu_fit
 from autotune.measurement import Measurement, Provenance
 from autotune.spec import MAX_K, Scenario, SpecConfig
 from autotune.workloads import REFERENCE_FOR_CLASS, Workload
@@ -223,6 +222,11 @@ class ModelBackend(Backend):
 
     # ---- public helpers --------------------------------------------------------------------------------------
     @property
+    def base_gpu(self) -> GPUSpec:
+        """One of the GPUs predicted for (`tp` of them)."""
+        return self._base_gpu
+
+    @property
     def device(self) -> str:
         """The GPU the predictions assume (display name)."""
         return self.gpu.display_name
@@ -296,6 +300,44 @@ class ModelBackend(Backend):
             return float(self.cost_model.predict(batch_size, config.k))
         return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
 
+    def memory_fit(self, config: SpecConfig, sequences: int, tokens: int) -> MemoryFit:
+        """Whether `config` holds `sequences` sequences of `tokens` tokens on this backend's GPU(s): the one
+        memory-fit check (`autotune.fit.check_gpu_fit`, as search's vllm path runs it on checkpoints) with the
+        weights predicted from the catalog's parameter counts and the KV shape from its layers and heads (a drafter
+        keeps full-context KV in each of its layers with the target's heads). The message names the
+        --tensor-parallel-size or --max-num-seqs that would fit."""
+        drafter = self.drafter_for(config) if config.speculative and config.k > 0 else None
+        model = self.model
+        heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_kv_heads,
+                 "head_dim": model.head_dim}
+        sliding = round(model.num_layers * model.sliding_window_layer_fraction) if model.sliding_window else 0
+        layer_types = ["sliding_attention"] * sliding + ["full_attention"] * (model.num_layers - sliding)
+        target_config = {"num_hidden_layers": model.num_layers, **heads, "sliding_window": model.sliding_window,
+                         "layer_types": layer_types}
+        drafter_bytes = 0
+        if drafter is not None:
+            stored = drafter_weight_params(drafter, model, self.params)[1]
+            drafter_bytes = int(stored * self.params.drafter_bytes_per_param)
+        return check_gpu_fit(
+            model=model.name, target_weight_bytes=int(model.weight_bytes()), target_config=target_config,
+            drafter_weight_bytes=drafter_bytes,
+            drafter_config={"num_hidden_layers": drafter.num_layers, **heads} if drafter is not None else None,
+            max_model_len=max(int(tokens), 1), max_num_seqs=max(sequences, 1),
+            device_memory_bytes=int(self._base_gpu.memory_gb * 1e9), device_name=self._base_gpu.display_name,
+            tensor_parallel_size=self.tp, kv_dtype_bytes=max(int(model.kv_bytes_per_element), 1),
+        )
+
+    def workload_fit(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> MemoryFit:
+        """`memory_fit` as `measure` checks it: the requests one step holds at `scenario` (`_slots`), each at the
+        workload's longest sequence (prompt + output + K + 1 tokens)."""
+        shape = WorkloadShape.of(workload, self.params)
+        slots = max(self._slots(config, scenario, config.k), 1)
+        return self.memory_fit(config, slots, self._sequence_tokens(shape, config.k))
+
+    @staticmethod
+    def _sequence_tokens(shape: WorkloadShape, k: int) -> int:
+        return int(shape.max_context_tokens) + k + 1
+
     # ---- Backend ---------------------------------------------------------------------------------------------
     def figure_inputs(self) -> str:
         cost = self.cost_model
@@ -333,12 +375,11 @@ class ModelBackend(Backend):
                 f"{k + 1} verified tokens; raise it to >= {k + 1} or lower K.",
             )
 
-        budget = memory_budget(self.model, self.gpu, shape.max_context_tokens, drafter, k, self.params)
+        memory = self.memory_fit(config, slots, self._sequence_tokens(shape, k))
+        if not memory.fits:
+            return Measurement.failed(config, scenario, provenance, "out_of_memory", memory.message)
         # Steady state: paged KV holds each running request's current context (mean: prompt + half its output).
         kv_gb_per_request = request_kv_bytes(self.model, int(round(context)) + k + 1, drafter if k else None) / 1e9
-        oom = self._memory_failure(config, budget, slots, kv_gb_per_request, context)
-        if oom is not None:
-            return Measurement.failed(config, scenario, provenance, "out_of_memory", oom)
 
         def al(kk: int) -> float:
             return acceptance.length(kk) if (acceptance is not None and kk > 0) else 1.0
@@ -378,7 +419,7 @@ class ModelBackend(Backend):
             queue_ms = (scenario.concurrency / batch - 1.0) * duration_ms
         ttft = queue_ms + prefill + step / 2.0  # joins the running step halfway on average
 
-        extra = self._extra(config, shape, acceptance, batch, context, step, length, budget)
+        extra = self._extra(config, shape, acceptance, batch, context, step, length, memory)
         if self.cost_model is None and config.speculative:
             # The spread of the calibration's residuals (autotune/backends/roofline.yaml), one sigma each side.
             sigma = speedup_log_sigma()
@@ -491,40 +532,6 @@ class ModelBackend(Backend):
         parts.append(self.step_cost_source)
         return Provenance(kind="predicted", backend="model", device=self.device, profile="; ".join(parts))
 
-    def _memory_failure(
-        self, config: SpecConfig, budget: MemoryBudget, batch: int, kv_gb_per_request: float, context: float
-    ) -> str | None:
-        """Why the deployment does not fit in device memory (None when it fits)."""
-        fixed = budget.weights_gb + budget.drafter_gb
-        where = (
-            f"{self.device} ({budget.usable_gb:.1f} GB usable: gpu_memory_utilization="
-            f"{self.params.gpu_memory_utilization:g} minus a {self.params.runtime_reserve_gb:g} GB runtime reserve)"
-        )
-        if fixed >= budget.usable_gb:
-            per_gpu = self.params.gpu_memory_utilization * self._base_gpu.memory_gb - self.params.runtime_reserve_gb
-            need_tp = math.ceil(fixed / per_gpu) if per_gpu > 0 else self.tp + 1
-            return (
-                f"{self.model.name} weights ({budget.weights_gb:.1f} GB) plus drafter ({budget.drafter_gb:.1f} GB) "
-                f"do not fit on {where}. Use tensor parallelism (tp >= {max(need_tp, self.tp + 1)}) or a GPU with "
-                "more memory."
-            )
-        free = budget.kv_capacity_gb
-        if budget.kv_gb_per_request > free:
-            return (
-                f"one request at its longest context needs {budget.kv_gb_per_request:.2f} GB of KV cache, but only "
-                f"{free:.2f} GB remain after {fixed:.1f} GB of weights on {where}. Shorten max_tokens or the "
-                "prompts, use tensor parallelism or a GPU with more memory."
-            )
-        need = batch * kv_gb_per_request
-        if need > free:
-            fits = int(free / kv_gb_per_request)
-            return (
-                f"KV cache for {batch} running requests at {context:.0f} tokens of context needs {need:.2f} GB, but "
-                f"only {free:.2f} GB remain after {fixed:.1f} GB of weights on {where}; vLLM would keep preempting "
-                f"requests. Lower max_num_seqs to <= {fits}, or use tensor parallelism or a larger GPU."
-            )
-        return None
-
     @staticmethod
     def _slots(config: SpecConfig, scenario: Scenario, k: int) -> int:
         """Requests one step can hold: min(concurrency, max_num_seqs) (closed loop; max_num_seqs for an open
@@ -565,7 +572,7 @@ class ModelBackend(Backend):
         context: float,
         step: float,
         length: float,
-        budget: MemoryBudget,
+        memory: MemoryFit,
     ) -> dict[str, Any]:
         extra: dict[str, Any] = {
             "step_ms": step,
@@ -575,9 +582,9 @@ class ModelBackend(Backend):
             "prompt_tokens": shape.prompt_tokens,
             "output_tokens": shape.output_tokens,
             "step_cost_source": self.step_cost_source,
-            "weights_gb": budget.weights_gb,
-            "drafter_gb": budget.drafter_gb,
-            "usable_gb": budget.usable_gb,
+            "weights_gb": self.model.weight_bytes() / 1e9,
+            "drafter_gb": memory.weight_bytes / 1e9 - self.model.weight_bytes() / 1e9,
+            "usable_gb": memory.per_device_budget * memory.tensor_parallel_size / 1e9,
         }
         if acceptance is not None:
             extra["acceptance_by_class"] = acceptance.by_class(config.k)

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.search import ScenarioResult, SearchRun, measurement_metrics
-from autotune.selection import objective_label
+from autotune.selection import NO_TAIL, objective_label, slo_words
 from autotune.spec import SpecConfig
 
 #: Width the narrow tables are designed for (and checked against in tests/test_ux_tables.py).
@@ -149,6 +149,23 @@ def drafters_legend(configs: Iterable[SpecConfig | None], model: str | None = No
     return "Drafters: " + "; ".join(f"{short} = {full}" if short != full else full for short, full in seen.items())
 
 
+#: The marker of a max_num_seqs below the concurrency (`seqs_cell`) and its legend line.
+QUEUE_MARK = "q"
+QUEUE_LEGEND = ("q: max_num_seqs below the concurrency: requests queue for a slot (TTFT grows; how a latency target "
+                "is met).")
+
+
+def seqs_cell(config: SpecConfig, concurrency: int | None) -> str:
+    """max_num_seqs, marked `QUEUE_MARK` when below `concurrency` (requests wait for a slot): ``32q``."""
+    queued = concurrency is not None and config.max_num_seqs < concurrency
+    return f"{config.max_num_seqs}{QUEUE_MARK if queued else ''}"
+
+
+def no_tail(metrics: Mapping[str, Any]) -> bool:
+    """Were the p99s of these figures filled from the p50s (a backend that models no tail)?"""
+    return bool(metrics.get("p99_from_p50"))
+
+
 def pd_cell(config: SpecConfig) -> str:
     """Parallel drafting: ``on``/``off``; ``-`` without speculation."""
     if not config.speculative:
@@ -244,8 +261,10 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
     published K, trial counts and engine launches."""
     show_ttft = "ttft_ms_p99" in run.objective.slos
     tpot_p99 = wide or "tpot_ms_p99" in run.objective.slos
+    ttft_p50 = run.objective.name in ("latency", "pareto")  # what a latency target may cost in queueing
     cols = ["c", "drafter", "PD", "K", "seqs", "tok/s", "TPOT"]
     cols += ["TPOT p99"] if tpot_p99 else []
+    cols += ["TTFT"] if ttft_p50 else []
     cols += ["TTFT p99"] if show_ttft or wide else []
     cols += ["vs none", "vs E3"]
     cols += ["vs pub. K", "trials ok/fail", "launches"] if wide else []
@@ -258,9 +277,10 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
         if variant is not None:
             vs_e3 = "ref" if variant.is_eagle3_reference else fmt(variant.speedup_vs_eagle3, ".2f", "x")
         row = [str(r.scenario.concurrency), _best_drafter(r, wide, run.model), pd_cell(config), str(config.k) if
-               config.speculative else "0", str(config.max_num_seqs), fmt(r.best.output_tokens_per_s),
+               config.speculative else "0", seqs_cell(config, r.scenario.concurrency), fmt(r.best.output_tokens_per_s),
                fmt(metrics["tpot_ms_p50"], ".2f")]
         row += [fmt(metrics["tpot_ms_p99"], ".2f")] if tpot_p99 else []
+        row += [fmt(metrics["ttft_ms_p50"], ".0f")] if ttft_p50 else []
         row += [fmt(metrics["ttft_ms_p99"], ".0f")] if show_ttft or wide else []
         row += [fmt(r.speedup_over(r.baseline), ".2f", "x"), vs_e3]
         if wide:
@@ -268,10 +288,22 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
             row += ["-" if r.published is None else f"{fmt(pub, '.2f', 'x')} (K={r.published.config.k})",
                     f"{r.n_complete}/{r.n_failed}", launches(r, run)]
         table.add_row(*row, style=None if r.feasible else "red")
-    key = ("PD: parallel drafting; seqs: max_num_seqs; TPOT: ms per output token (median); vs none: over no "
-           "speculation; vs E3: over the best EAGLE-3 head at its best K (ref: that head).")
+    key = ("PD: parallel drafting; seqs: max_num_seqs; TPOT: ms per output token (median); "
+           + ("TTFT: ms to the first token (median); " if ttft_p50 else "")
+           + "vs none: over no speculation; vs E3: over the best EAGLE-3 head at its best K (ref: that head).")
     legend = None if wide else drafters_legend((r.best.config for r in run.results), run.model)
-    return titled(results_title(run), table, legend, key)
+    queued = any(r.best.config.max_num_seqs < r.scenario.concurrency for r in run.results)
+    return titled(results_title(run), table, legend, key, QUEUE_LEGEND if queued else None, slo_note(run))
+
+
+def slo_note(run: SearchRun) -> str | None:
+    """``SLO: TPOT p99 <= 12 ms; p99 = p50 (no tail modelled)`` for a search with SLOs (the label when its backend
+    models no tail, so the p99 checked is the p50); None without SLOs."""
+    slos = run.objective.describe_slos()
+    if not slos:
+        return None
+    tail = any(no_tail(measurement_metrics(r.best)) for r in run.results)
+    return f"SLO: {slos}" + (f"; {NO_TAIL}" if tail else "") + "."
 
 
 def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
@@ -292,7 +324,7 @@ def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
                 ("> " if chosen else "  ") + name,
                 pd_cell(row.best_config),
                 str(row.k),
-                str(row.best_config.max_num_seqs),
+                seqs_cell(row.best_config, r.scenario.concurrency),
                 fmt(row.output_tokens_per_s),
                 fmt(row.speedup_vs_no_spec, ".2f", "x"),
                 vs_e3,
@@ -305,6 +337,8 @@ def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
         notes.append("* HYPOTHETICAL: no released checkpoint; acceptance derived from the paper's layer ablation "
                      "(predicted only, never served).")
     notes.append("> the recommended config.")
+    if any(row.best_config.max_num_seqs < r.scenario.concurrency for r in run.results for row in r.per_drafter):
+        notes.append(QUEUE_LEGEND)
     return titled("Each drafter at its best config (P-EAGLE vs EAGLE-3, 2 vs 4 layers)", table, *notes)
 
 
@@ -319,13 +353,16 @@ def pareto_table(r: ScenarioResult, *, wide: bool = False, model: str | None = N
             drafter_cell(p.config, p.hypothetical, full=wide, model=model),
             pd_cell(p.config),
             str(p.config.k),
-            str(p.config.max_num_seqs),
+            seqs_cell(p.config, r.scenario.concurrency),
             fmt(p.metrics.get("output_tokens_per_s")),
             fmt(p.metrics.get("tpot_ms_p99"), ".2f"),
             fmt(p.metrics.get("ttft_ms_p99"), ".0f"),
             str(p.trial),
         )
-    return titled(f"c={r.scenario.concurrency}: Pareto front ({len(r.pareto)} configs; > = recommended)", table)
+    notes = [QUEUE_LEGEND if any(p.config.max_num_seqs < r.scenario.concurrency for p in r.pareto) else None]
+    if any(no_tail(p.metrics) for p in r.pareto):
+        notes.append(f"TPOT p99, TTFT p99: {NO_TAIL}.")
+    return titled(f"c={r.scenario.concurrency}: Pareto front ({len(r.pareto)} configs; > = recommended)", table, *notes)
 
 
 # ------------------------------------------------------------------------------------------------- peagle-tune show
@@ -366,6 +403,7 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
             f"{objective} ({kind})"
         table = _table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
         configs = []
+        queued = False
         for row in sorted(items, key=lambda r: (-int((r.get("scenario") or {}).get("concurrency") or 0),
                                                 -int(r["id"]))):
             config = _config(row, "best_config")
@@ -375,18 +413,23 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
             hypothetical_seen |= hypothetical
             speedup = metrics.get("speedup_vs_no_spec")
             tps = metrics.get("output_tokens_per_s")
+            level = (row.get("scenario") or {}).get("concurrency")
+            level = level if isinstance(level, int) else None
+            queued |= config is not None and level is not None and config.max_num_seqs < level
             table.add_row(
                 str(row.get("id")),
                 str((row.get("scenario") or {}).get("concurrency", "-")),
                 drafter_cell(config, hypothetical, full=wide, model=model) if config else "-",
                 pd_cell(config) if config else "-",
                 _k(config),
-                str(config.max_num_seqs) if config else "-",
+                seqs_cell(config, level) if config else "-",
                 fmt(tps) if isinstance(tps, int | float) else "-",
                 fmt(speedup, ".2f", "x") if isinstance(speedup, int | float) else "-",
                 when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
             )
-        parts.append(titled(title, table, None if wide else drafters_legend(configs, model)))
+        slo = slo_words(items[0])
+        parts.append(titled(title, table, None if wide else drafters_legend(configs, model),
+                            f"SLO: {slo}." if slo else None, QUEUE_LEGEND if queued else None))
         parts.append(Text(""))
     footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
     if hypothetical_seen:

@@ -68,7 +68,7 @@ def export(
 
     Then serve the YAML with `vllm serve --config serve.yaml`, or the policy with `peagle-tune serve --policy`.
     """
-    from autotune.export import describe, render
+    from autotune.export import clean_formats, describe, render
 
     criteria = Criteria(model=canonical_model(model) if model else None, gpu=gpu, workload=workload,
                         objective=objective, concurrency=concurrency)
@@ -91,7 +91,8 @@ def export(
     elif others and rec_id is not None:
         listed = ", ".join(f"c={e.concurrency} (#{e.id})" for e in others)
         say(f"  The same search also stored {listed}: pass --concurrency C for another"
-            + (", or --format schedule for one config whose K follows the batch size." if fmt != "schedule" else "."))
+            + (", or --format schedule for one config whose K follows the batch size."
+               if fmt != "schedule" and "schedule" in clean_formats(record) else "."))
     if choice.same_config:
         say(f"  The same config is also stored as {', '.join(f'#{e.id}' for e in choice.same_config)}.")
     seqs, level = choice.entry.max_num_seqs, choice.entry.concurrency

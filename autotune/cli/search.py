@@ -349,16 +349,51 @@ def _stored_lines(run: SearchRun, console: Console, store: Any) -> None:
         _say(console, f"Already stored by an earlier run of the same study, same inputs and result: {ids(old)}; "
              "nothing new stored.")
     done = new + old
-    if not done:
-        return
-    if len(done) > 1:
-        top = max(done, key=lambda r: r.scenario.concurrency)
-        _say(console, f"Next: `peagle-tune export --concurrency {top.scenario.concurrency} --format vllm-json` for one "
-             "concurrency, or `peagle-tune export --format schedule` for one config whose K follows the batch size "
-             f"(covers batch sizes 1-{top.best.config.max_num_seqs}).")
+    if done:
+        _say(console, next_line(run, done))
+
+
+def _exported(r: ScenarioResult) -> dict[str, Any]:
+    """What an export of `r`'s recommendation reads (its config, metrics and schedule)."""
+    return {"best_config": r.best.config.to_dict(), "metrics": r.recommendation_metrics(),
+            "schedule": [dataclasses.asdict(e) for e in r.schedule]}
+
+
+def next_line(run: SearchRun, done: list[ScenarioResult]) -> str:
+    """What to run next, suggesting only exports that work without a warning for the stored config
+    (`autotune.export.clean_formats`, the rule the export itself warns by): the recommendation by id (a later
+    search cannot make it ambiguous), the batch-size schedule when vLLM takes it with this config, else `serve`,
+    which applies K per batch size itself."""
+    from autotune.cli._tables import short_gpu
+    from autotune.export import clean_formats
+
+    top = max(done, key=lambda r: r.scenario.concurrency)
+    formats = clean_formats(_exported(top))
+    one = next((f for f in ("vllm-json", "vllm-args") if f in formats), None)
+    if one is None:
+        return ("Next: nothing to export as is: the recommended drafter has no checkpoint (HYPOTHETICAL); re-run with "
+                "--no-include-hypothetical for a config vLLM can serve.")
+    what = "the --speculative-config JSON" if one == "vllm-json" else "a `vllm serve` line"
+    export = f"`peagle-tune export --recommendation {top.recommendation_id} --format {one}` ({what}"
+    if len(done) == 1:
+        return f"Next: {export}), or --format yaml for `vllm serve --config`."
+    covers = f"batch sizes 1-{top.best.config.max_num_seqs}"
+    if "schedule" in formats:
+        later = (f"`peagle-tune export --recommendation {top.recommendation_id} --format schedule` for one config "
+                 f"whose K follows the batch size (covers {covers})")
     else:
-        _say(console, "Next: `peagle-tune export --format vllm-json` (the --speculative-config JSON), or "
-             "--format yaml for `vllm serve --config`.")
+        later = (f"`peagle-tune serve --model {short_model_arg(run.model)} --gpu {short_gpu(run.device)} --dry-run` "
+                 f"for one config whose K follows the batch size ({covers}; vLLM's own schedule does not take this "
+                 "config)")
+    return f"Next: {export} at c={top.scenario.concurrency}; `peagle-tune show` lists the others), or {later}."
+
+
+def short_model_arg(model: str) -> str:
+    """`model` as --model takes it, shortest: a catalog alias, else as stored."""
+    from autotune.cli._tables import model_alias
+
+    alias = model_alias(model)
+    return alias if ".." not in alias else model
 
 
 def _confirmation_text(note: dict[str, Any]) -> str:

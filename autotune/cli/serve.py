@@ -273,13 +273,13 @@ def _per_batch_size(tuned: Any) -> dict[str, Any] | None:
     """vLLM's speculative-config keys for the recommendation's K per batch size (its deepest K and the schedule),
     when the served config is the recommendation's at its K and vLLM handles a schedule with it (not with parallel
     drafting: vLLM #45695); None otherwise."""
-    from autotune.export import vllm_schedule
+    from autotune.export import schedule_unsupported, vllm_schedule
 
     rec = tuned.recommendation or {}
     spec = tuned.spec
     schedule = rec.get("schedule") or []
     best_k = (rec.get("best_config") or {}).get("num_speculative_tokens")
-    if not (schedule and spec.speculative and not spec.parallel_drafting and tuned.static_k == best_k):
+    if not (schedule and spec.speculative and schedule_unsupported(spec) is None and tuned.static_k == best_k):
         return None
     entries = vllm_schedule(schedule)
     top = max(k for _, _, k in entries)

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends.compare import DrafterBest, TrialOutcome, per_drafter, tie_key
+from autotune.backends.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
@@ -33,9 +33,6 @@ from autotune.search.schedule import ScheduleEntry
 from autotune.search.space import SearchSpace
 from autotune.search.trials import counted, feasible, trial_config, trial_info, trial_measurement, violation
 from autotune.spec import Scenario, SpecConfig
-
-#: Relative gap under which two objective values count as tied (0.1%).
-TIE = 1e-3
 
 ConfigOf = Callable[[FrozenTrial], "SpecConfig | None"]
 Measure = Callable[[SpecConfig], Measurement]
@@ -231,12 +228,6 @@ def prediction_log_sigma(t: FrozenTrial) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
-def tie_margin(log_sigma: float) -> float:
-    """Relative gap under which a config ties the best: `TIE`, or the best's predicted spread when wider (a
-    predicted win inside the noise of the prediction goes to the simpler config by `_tie_key`: smaller K)."""
-    return max(TIE, 1.0 - math.exp(-log_sigma))
-
-
 def pick_released(
     objective: Objective,
     complete: Sequence[FrozenTrial],
@@ -301,7 +292,7 @@ def drafter_comparison(
         outcomes.append(
             TrialOutcome.from_metrics(
                 config, info.get("metrics") or {}, hypothetical=space.hypothetical(config) is not None,
-                feasible=feasible(t),
+                feasible=feasible(t), log_sigma=prediction_log_sigma(t),
             )
         )
     if objective.name == "latency":

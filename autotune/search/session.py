@@ -346,6 +346,31 @@ def _in_launch(
     return backend, shared, own
 
 
+def _refuse_what_cannot_fit(backend: Backend, spaces: list[SearchSpace], scenarios: list[Scenario],
+                            workload: Workload) -> None:
+    """Check the memory fit once, before any trial: when even a scenario's smallest config (no speculation, its
+    fewest sequences) does not fit, every trial there would fail, so refuse in one line with what fits instead
+    (`autotune.fit`: the --tensor-parallel-size or --max-num-seqs; and catalog GPUs that hold it)."""
+    from autotune.backends.model import ModelBackend
+    from autotune.catalogs import list_gpus
+    from autotune.spec import SpecConfig
+
+    assert isinstance(backend, ModelBackend)
+    for space, scenario in zip(spaces, scenarios, strict=True):
+        smallest = SpecConfig(max_num_seqs=min(space.max_num_seqs), tensor_parallel_size=space.tensor_parallel_size)
+        memory = backend.workload_fit(smallest, workload, scenario)
+        if memory.fits:
+            continue
+        others = [g.key for g in list_gpus() if g.memory_gb > backend.base_gpu.memory_gb
+                  and ModelBackend(backend.model, g, tp=backend.tp).workload_fit(smallest, workload, scenario).fits]
+        instead = ""
+        if others:
+            instead = f", or --gpu {', '.join(others[:-1])} or {others[-1]}" if len(others) > 1 else \
+                f", or --gpu {others[0]}"
+        raise UsageError(f"Not searched, every trial at c={scenario.concurrency} would fail: "
+                         f"{memory.message.rstrip('.')}{instead}.")
+
+
 def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
     anything is measured."""
@@ -400,6 +425,8 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     spaces = [build_space(spec_space, drafters, c, in_launch, options.tensor_parallel_size)
               for c in options.concurrencies]
     scenarios = [_scenario(kind, c, workload) for c in options.concurrencies]
+    if kind == "model":
+        _refuse_what_cannot_fit(backend, spaces, scenarios, workload)
     all_in_launch = False
     if in_launch:
         backend, shared, own = _in_launch(backend, spaces, scenarios, workload, notes)
