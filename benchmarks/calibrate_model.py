@@ -5,6 +5,7 @@ Usage::
     python -m benchmarks.calibrate_model                      # evaluate the committed constants (RooflineParams)
     python -m benchmarks.calibrate_model --fit                # refit the free constants, print them
     python -m benchmarks.calibrate_model --shape              # also the concurrency sweep per target
+    python -m benchmarks.calibrate_model --advantage          # P-EAGLE / EAGLE-3 vs concurrency, step breakdown
     python -m benchmarks.calibrate_model --write-doc docs/benchmarks/model.md   # regenerate the report's tables
 
 The points live in ``benchmarks/data/model_calibration.yaml`` (sources and setups there); the test
@@ -35,6 +36,7 @@ import yaml
 
 from autotune.backends import CONSTANTS_FILE, ModelBackend, RooflineParams, fitted_constants
 from autotune.catalogs import acceptance_survival, get_drafter
+from autotune.measurement import Measurement
 from autotune.spec import MAX_K, Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 from benchmarks.common import REPO
@@ -55,9 +57,15 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "kernel_overlap_loss": (0.0, 1.0),
     "draft_token_overhead_ms": (0.0, 0.05),
 }
-FREE: dict[str, tuple[float, float, float, float]] = {
-    name: (*(float(v) for v in fitted_constants()["constants"][name]["prior"]), *BOUNDS[name]) for name in BOUNDS
-}
+
+
+def _free(name: str) -> tuple[float, float, float, float]:
+    """(prior mean, prior sigma, lower bound, upper bound) of one fitted constant."""
+    mean, sigma = (float(v) for v in fitted_constants()["constants"][name]["prior"])
+    return mean, sigma, *BOUNDS[name]
+
+
+FREE: dict[str, tuple[float, float, float, float]] = {name: _free(name) for name in BOUNDS}
 #: Relative error one point is allowed before it costs as much as one prior sigma.
 POINT_SIGMA = 0.05
 
@@ -150,7 +158,8 @@ class Evaluator:
             profile_label="P-EAGLE paper Table 9" if acceptance else None,
         )
 
-    def _tokens_per_s(self, point: Mapping[str, Any], cfg: Mapping[str, Any], wl: str, c: int, k: int) -> float:
+    def measurement(self, point: Mapping[str, Any], cfg: Mapping[str, Any], wl: str, c: int, k: int) -> Measurement:
+        """The model backend's prediction of `cfg` at depth `k` on workload `wl` at concurrency `c`."""
         override = (point.get("acceptance") or {}).get(cfg["drafter"])
         backend = self.backend(point["model"], point["gpu"], cfg["drafter"],
                                yaml.safe_dump(override) if override else None)
@@ -165,7 +174,10 @@ class Evaluator:
         m = backend.measure(config, workload(wl, self.prompt_tokens, self.output_tokens), Scenario(concurrency=c))
         if not m.ok or m.output_tokens_per_s is None:
             raise RuntimeError(f"{point['id']}: {config.label()} failed: {m.failure_reason}")
-        return float(m.output_tokens_per_s)
+        return m
+
+    def _tokens_per_s(self, point: Mapping[str, Any], cfg: Mapping[str, Any], wl: str, c: int, k: int) -> float:
+        return float(self.measurement(point, cfg, wl, c, k).output_tokens_per_s or 0.0)
 
     def _baseline(self, point: Mapping[str, Any], wl: str, c: int) -> float:
         backend = self.backend(point["model"], point["gpu"], None, None)
@@ -371,6 +383,71 @@ def shape_table(data: Mapping[str, Any], params: RooflineParams, gpus: Sequence[
     return lines
 
 
+ADVANTAGE_START, ADVANTAGE_END = "<!-- advantage:start -->", "<!-- advantage:end -->"
+#: The setup of the published per-concurrency advantage (the vLLM P-EAGLE blog): target, GPU.
+ADVANTAGE_SETUP = ("gpt-oss-20b", "b200")
+
+
+def _advantage_points(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The data file's `ratio` points for `ADVANTAGE_SETUP` (the first one's heads and K sweep are used)."""
+    model, gpu = ADVANTAGE_SETUP
+    points = [p for p in data["points"] if (p["model"], p["gpu"], p["metric"]) == (model, gpu, "ratio")]
+    if not points:
+        raise SystemExit(f"no `ratio` point for {model} on {gpu} in the data file.")
+    return points
+
+
+def advantage_table(data: Mapping[str, Any], params: RooflineParams) -> list[str]:
+    """P-EAGLE over EAGLE-3 (each at its best K of the published sweep) per concurrency and workload for the
+    blog's setup (`ADVANTAGE_SETUP`), beside the published ranges of the data file's `ratio` points for it."""
+    model, gpu = ADVANTAGE_SETUP
+    points = _advantage_points(data)
+    published = {int(c): (p["published"], p["id"]) for p in points for c in p["concurrencies"]}
+    workloads = list(points[0]["workloads"])
+    evaluator = Evaluator(data, params)
+    point = {"id": "advantage", "model": model, "gpu": gpu}
+    lines = [
+        "| c | " + " | ".join(workloads) + " | published | source |",
+        "|---:|" + "---:|" * len(workloads) + "---:|---|",
+    ]
+    for c in SHAPE_CONCURRENCIES:
+        cells = []
+        for wl in workloads:
+            mine, k = evaluator.best(point, points[0]["config"], wl, c)
+            other, k_other = evaluator.best(point, points[0]["versus"], wl, c)
+            cells.append(f"{mine / other:.2f} (K={k} vs {k_other})")
+        figure, source = published.get(c, (None, "-"))
+        shown = "-" if figure is None else (f"{figure[0]:.2f}-{figure[1]:.2f}" if isinstance(figure, list)
+                                            else f"{figure:.2f}")
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {shown} | {source} |")
+    return lines
+
+
+def breakdown_table(data: Mapping[str, Any], params: RooflineParams, workload_name: str = "mt-bench") -> list[str]:
+    """What each head's step is made of at its best K of the published sweep (as in `advantage_table`) per
+    concurrency: the uncalibrated roofline parts (`StepTime.breakdown`, ms) and the experts read per MoE layer."""
+    model, gpu = ADVANTAGE_SETUP
+    first = _advantage_points(data)[0]
+    evaluator = Evaluator(data, params)
+    point = {"id": "breakdown", "model": model, "gpu": gpu}
+    lines = [
+        "| c | head | K | AL | step ms | weights | experts (per layer) | attention/KV | drafter | fixed | bound |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in SHAPE_CONCURRENCIES:
+        for head, cfg in (("P-EAGLE", first["config"]), ("EAGLE-3", first["versus"])):
+            _, k = evaluator.best(point, cfg, workload_name, c)
+            extra = evaluator.measurement(point, cfg, workload_name, c, k).extra
+            parts = extra["step_breakdown_ms"]
+            lines.append(
+                f"| {c} | {head} | {k} | {extra['acceptance_length']:.2f} | {extra['step_ms']:.2f} | "
+                f"{parts['weights']:.2f} | {parts['experts']:.2f} ({extra['experts_per_layer']:.1f}) | "
+                f"{parts['attention_kv']:.2f} | {parts['drafter']:.2f} | {parts['fixed_overhead']:.2f} | "
+                f"{extra['bound']} |"
+            )
+    return lines
+
+
 def _replace_section(text: str, start: str, end: str, body: Sequence[str], path: Path) -> str:
     if start not in text or end not in text:
         raise SystemExit(f"{path} has no {start} ... {end} section to replace.")
@@ -380,7 +457,7 @@ def _replace_section(text: str, start: str, end: str, body: Sequence[str], path:
 
 
 def write_doc(path: Path, values: Mapping[str, float], lines: Sequence[str], within: int, total: int,
-              worst: float, shape: Sequence[str]) -> None:
+              worst: float, shape: Sequence[str], advantage: Sequence[str]) -> None:
     """Replace the generated parts of the report (between the markers) with this run's tables."""
     text = path.read_text(encoding="utf-8")
     constants = ", ".join(f"`{k}` = {v:g}" for k, v in values.items())
@@ -393,6 +470,7 @@ def write_doc(path: Path, values: Mapping[str, float], lines: Sequence[str], wit
     ]
     text = _replace_section(text, START, END, body, path)
     text = _replace_section(text, SHAPE_START, SHAPE_END, shape, path)
+    text = _replace_section(text, ADVANTAGE_START, ADVANTAGE_END, advantage, path)
     path.write_text(text, encoding="utf-8")
 
 
@@ -402,6 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--write-doc", type=Path, help="write the tables into this markdown report")
     parser.add_argument("--shape", action="store_true", help="also print the concurrency sweep per target")
+    parser.add_argument("--advantage", action="store_true",
+                        help="also print P-EAGLE over EAGLE-3 per concurrency for GPT-OSS 20B on a B200 beside the "
+                        "published points, and each head's step breakdown at its best K")
     parser.add_argument("--write", action="store_true",
                         help="write the fitted constants and the speedup spread into autotune/backends/roofline.yaml")
     args = parser.parse_args(argv)
@@ -424,8 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = shape_table(data, _params(values)) if (args.shape or args.write_doc) else []
     if args.shape:
         print("\n".join(shape))
+    advantage: list[str] = []
+    if args.advantage or args.write_doc:
+        advantage = advantage_table(data, _params(values)) + [""] + breakdown_table(data, _params(values))
+    if args.advantage:
+        print("\n".join(advantage))
     if args.write_doc:
-        write_doc(args.write_doc, values, lines, within, len(preds), worst, shape)
+        write_doc(args.write_doc, values, lines, within, len(preds), worst, shape, advantage)
     return 0
 
 

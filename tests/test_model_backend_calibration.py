@@ -88,5 +88,35 @@ def test_fitted_constants_stay_physically_plausible() -> None:
         assert abs(value - mean) <= 2 * sigma, name
 
 
+def _rows(lines: list[str]) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_advantage_table_puts_the_calibration_predictions_beside_the_published_ranges(
+    data: dict[str, Any], evaluator: Any
+) -> None:
+    # docs/benchmarks/model.md's P-EAGLE / EAGLE-3 sweep (GPT-OSS 20B, B200) shows, at c = 1 and 64, the very
+    # predictions the calibration scores, next to the blog's range; no published figure elsewhere.
+    lines = calibrate.advantage_table(data, RooflineParams())
+    header = _rows(["", "", lines[0]])[0]
+    rows = {int(row[0]): dict(zip(header, row, strict=True)) for row in _rows(lines)}
+    assert sorted(rows) == [1, 2, 4, 8, 16, 32, 64]
+    for point_id, c in (("blog-20b-c1", 1), ("blog-20b-c64", 64)):
+        low, high = _point(data, point_id)["published"]
+        assert rows[c]["published"] == f"{low:.2f}-{high:.2f}" and rows[c]["source"] == point_id
+        for p in evaluator.predict(_point(data, point_id)):
+            assert rows[c][p.workload].startswith(f"{p.predicted:.2f} "), (c, p.workload)
+    assert all(rows[c]["published"] == "-" for c in (2, 4, 8, 16, 32))
+
+
+def test_step_breakdown_table_parts_add_up_to_the_step(data: dict[str, Any]) -> None:
+    rows = _rows(calibrate.breakdown_table(data, RooflineParams()))
+    assert len(rows) == 14  # two heads at seven concurrencies
+    for row in rows:
+        step = float(row[4])
+        parts = [float(row[5]), float(row[6].split()[0]), float(row[7]), float(row[8]), float(row[9])]
+        assert sum(parts) == pytest.approx(step, abs=0.03), row  # five values rounded to 0.01 each
+
+
 def _point(data: dict[str, Any], point_id: str) -> dict[str, Any]:
     return next(p for p in data["points"] if p["id"] == point_id)

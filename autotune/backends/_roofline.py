@@ -3,7 +3,8 @@
 A decode step with speculation verifies ``T = B * (K + 1)`` tokens (B requests, K drafts each, plus the bonus
 position) in one target pass. Every figure here is a PREDICTION from datasheet rates and parameter counts;
 `RooflineParams` holds every assumed constant (the free ones are fitted to published throughput by
-``benchmarks/calibrate_model.py``; see docs/benchmarks/model.md).
+``benchmarks/calibrate_model.py``; values, priors and sources in ``autotune/backends/roofline.yaml``; the report
+is docs/benchmarks/model.md).
 
 The pass is a sum of components, each bounded by its own roofline (a kernel overlaps its own loads and math, not
 another kernel's):
@@ -19,9 +20,10 @@ another kernel's):
   sliding-window layers at most the window; FLOPs grow with every query token;
 - logits and sampling: ``T * vocab`` logits written and read by the sampler (`sampler_bytes_per_logit`);
 
-at the ACHIEVABLE rates (datasheet * `bandwidth_efficiency` / `compute_efficiency`), plus fixed costs that do not
-shrink on a faster GPU: per step (scheduler, input preparation, output processing), per running request, per layer
-(kernel floors). Tokens of one request are consecutive, so their routing overlaps (`routing_locality`).
+at the ACHIEVABLE rates (datasheet * `bandwidth_efficiency` / `compute_efficiency`), each kernel hiding only part
+of its smaller term under the larger (`kernel_overlap_loss`), plus fixed costs that do not shrink on a faster GPU:
+per step (scheduler, input preparation, output processing), per running request, per layer (kernel floors).
+Tokens of one request are consecutive, so their routing overlaps (`routing_locality`).
 
 Worked example (gpt-oss-120b on one H200, B = 1, context 1280, K = 0): 3.10 GB of non-expert weights + 4 experts
 x 36 layers x 13.2 MB = 1.90 GB + 0.05 GB of KV -> 5.06 GB at 4.8 TB/s * efficiency; plus the step, request and
@@ -88,24 +90,25 @@ class RooflineParams:
     """Every constant the roofline assumes (ms, fractions, tokens).
 
     The FITTED ones (`bandwidth_efficiency`, `compute_efficiency`, `moe_compute_efficiency`, `step_overhead_ms`,
-    `draft_pass_overhead_ms`, `routing_locality`, `spec_request_overhead_ms`)
-    come from ``benchmarks/calibrate_model.py``, which fits them to the published throughput points in
-    ``benchmarks/data/model_calibration.yaml`` with a prior pulling each toward the physically expected value given
-    in its docstring. The others are set from kernel and engine facts, not fitted. A `Calibration` fitted from one
-    measured profile corrects them for a real deployment.
+    `draft_pass_overhead_ms`, `routing_locality`, `spec_request_overhead_ms`, `kernel_overlap_loss`,
+    `draft_token_overhead_ms`) default to the values in ``autotune/backends/roofline.yaml`` (`fitted_constants`),
+    which also holds each one's prior (mean, sigma) and the source of that prior. ``python -m
+    benchmarks.calibrate_model --fit --write`` fits them to the published throughput points in
+    ``benchmarks/data/model_calibration.yaml`` (least squares on log errors plus those priors) and rewrites the
+    values. The others are set from kernel and engine facts, not fitted. A `Calibration` fitted from one measured
+    profile corrects the predicted step times for a real deployment.
     """
 
     bandwidth_efficiency: float = _fitted("bandwidth_efficiency")
-    """FITTED. Fraction of the datasheet HBM bandwidth decode kernels achieve. Bandwidth tests on H100/H200/B200
-    reach ~90% of peak, tuned GEMV/attention/grouped-GEMM kernels 70-85%; prior 0.8."""
+    """FITTED. Fraction of the datasheet HBM bandwidth decode kernels achieve (bandwidth tests on H100/H200/B200
+    reach ~90% of peak, tuned GEMV/attention/grouped-GEMM kernels less)."""
     compute_efficiency: float = _fitted("compute_efficiency")
-    """FITTED. Fraction of the dense tensor-core peak that dense matmuls and attention achieve at decode shapes.
-    cuBLAS reaches 70-80% on large square bf16 GEMMs; decode shapes (a few hundred rows, attention) less; prior
-    0.5."""
+    """FITTED. Fraction of the dense tensor-core peak that dense matmuls and attention achieve at decode shapes
+    (cuBLAS reaches 70-80% on large square bf16 GEMMs; decode shapes, a few hundred rows, less)."""
     moe_compute_efficiency: float = _fitted("moe_compute_efficiency")
     """FITTED. Fraction of the tensor-core peak (of the expert weight format, `tensor_tflops`) that grouped MoE GEMMs
     achieve: many small per-expert tiles, token permutes and (on Hopper) in-loop MXFP4 -> bf16 dequantisation keep
-    them well below dense GEMMs; prior 0.35. This is what turns verification compute-bound at high concurrency."""
+    them well below dense GEMMs. This is what turns verification compute-bound at high concurrency."""
     moe_tile_rows: int = 16
     """Smallest row tile of a grouped MoE GEMM: each active expert's token rows are padded up to a multiple of the
     tile (`moe_tile`). With m tokens on an expert the padded rows average ``max(tile, m + tile / 2)`` (at least one
@@ -118,7 +121,7 @@ class RooflineParams:
     than 16 rows each (gpt-oss-20b's 32 experts from ~concurrency 16 with K >= 3)."""
     step_overhead_ms: float = _fitted("step_overhead_ms")
     """FITTED. Per engine step, ms: scheduling, input preparation, sampler launch and output processing that
-    async scheduling does not hide (vLLM V1 spends a few hundred microseconds of CPU per step); prior 0.4."""
+    async scheduling does not hide (vLLM V1 spends a few hundred microseconds of CPU per step)."""
     request_overhead_ms: float = 0.008
     """Per running request per step, ms: the scheduler's and output processor's per-request Python work (~5-10 us
     each in vLLM V1), which is what fixed costs grow with at high concurrency."""
@@ -134,20 +137,20 @@ class RooflineParams:
     """FITTED. Extra per running request per step that speculates, ms: the host-side work speculation adds per
     request (the scheduler appending and trimming K draft token ids and the accepted count, spec-decode metadata
     and the drafter's per-request input preparation), exposed because the accepted count must reach the host
-    before the next step is scheduled. ~2-4x the 8 us of a plain decode step's per-request work; prior 0.03.
-    It is the term that grows with concurrency whatever the weights: it damps, but does not reverse, the rise of
-    gpt-oss-120b's gain from c = 8 to c = 64 (reversing it would take ~80-120 us, 3-4x the prior; see
-    docs/benchmarks/model.md, "Why gpt-oss-120b's gain at c = 64 stays above c = 1")."""
+    before the next step is scheduled (~2-4x the 8 us of a plain decode step's per-request work). It is the term
+    that grows with concurrency whatever the weights: it damps, but does not reverse, the rise of gpt-oss-120b's
+    gain from c = 8 to c = 64 (docs/benchmarks/model.md, "What limits the result")."""
     kernel_overlap_loss: float = _fitted("kernel_overlap_loss")
-    """Share of the smaller of a kernel's compute and memory times it does NOT hide under the larger (0 = perfect
-    overlap, the plain roofline ``max``; 1 = none, ``compute + memory``). A GEMM overlaps loads and math only in
-    its steady state: the first tiles load before any math (prologue) and the last math and stores run after the
-    loads end (epilogue); at decode shapes a kernel runs one or two waves of tiles per SM, so these ends are a large
-    share of it. It makes the cost of extra verified tokens visible before a component turns compute-bound."""
+    """FITTED. Share of the smaller of a kernel's compute and memory times it does NOT hide under the larger
+    (0 = perfect overlap, the plain roofline ``max``; 1 = none, ``compute + memory``). A GEMM overlaps loads and
+    math only in its steady state: the first tiles load before any math (prologue) and the last math and stores
+    run after the loads end (epilogue); at decode shapes a kernel runs one or two waves of tiles per SM, so these
+    ends are a large share of it. It makes the cost of extra verified tokens visible before a component turns
+    compute-bound."""
     draft_token_overhead_ms: float = _fitted("draft_token_overhead_ms")
-    """Host cost per draft token slot per speculating step (B * K), ms: vLLM V1 turns the [B, K] draft ids and the
-    [B, K + 1] sampled ids into Python lists each step, the scheduler stores K spec token ids per request and
-    validates each accepted token (stop checks); work per token, not per request."""
+    """FITTED. Host cost per draft token slot per speculating step (B * K), ms: vLLM V1 turns the [B, K] draft ids
+    and the [B, K + 1] sampled ids into Python lists each step, the scheduler stores K spec token ids per request
+    and validates each accepted token (stop checks); work per token, not per request."""
     moe_row_bytes_per_hidden: float = 16.0
     """Activation bytes per routed row (token x expert) per MoE layer, in units of hidden_size: the token
     permute/gather (h bf16 read), the gate_up output written and read (2 x 2h bf16), the activation written and
@@ -156,12 +159,13 @@ class RooflineParams:
     draft_pass_overhead_ms: float = _fitted("draft_pass_overhead_ms")
     """FITTED. Per drafter forward pass, ms: preparing its inputs (hidden-state gather, positions, slot mapping,
     attention metadata, done on the host per pass), its launch and the argmax over its logits; its layers and LM
-    head add `layer_overhead_ms` each on top. vLLM's sequential EAGLE loop pays it K times, parallel drafting once;
-    prior 0.3 (vLLM PR #32628 sees sequential TPOT grow ~0.24 ms per extra draft token at concurrency 1)."""
+    head add `layer_overhead_ms` each on top. vLLM's sequential EAGLE loop pays it K times, parallel drafting once
+    (vLLM PR #32628 sees sequential TPOT grow ~0.24 ms per extra draft token at concurrency 1)."""
     routing_locality: float = _fitted("routing_locality")
     """FITTED. Share of a token's experts already chosen by the previous token of the same request (consecutive
     tokens route alike): the K + 1 verified tokens of one request touch experts like ``1 + K * (1 - locality)``
-    independent tokens. 0 = independent routing; prior 0.3."""
+    independent tokens. 0 = independent routing. Its prior comes from the measured local routing consistency of
+    MoEs like gpt-oss (arXiv 2505.16056)."""
     sampler_bytes_per_logit: float = 12.0
     """Bytes moved per logit (token x vocabulary entry) by the LM head output and the sampler: bf16 written and
     read (4 B), float32 copy written and read (8 B)."""
