@@ -60,7 +60,7 @@ def _value_problem(value: Any, where: str) -> str | None:
         return None if problem is None else f"{where} {problem}"
     if isinstance(value, dict):
         for key, item in value.items():
-            problem = _value_problem(key, f"{where} key") if isinstance(key, str) else None
+            problem = _value_problem(key, f"{where} key {key!r:.40}") if isinstance(key, str) else None
             problem = problem or _value_problem(item, f"{where}[{key!r}]")
             if problem is not None:
                 return problem
