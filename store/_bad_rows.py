@@ -73,11 +73,12 @@ def _value_problem(value: Any, where: str) -> str | None:
 
 
 @functools.cache
-def _json_shapes(model: type) -> dict[str, type]:
+def _json_shapes(model: Any) -> dict[str, type]:
     """{column: dict or list}: the container each JSON column of `model` must hold, from its ``Mapped[...]``."""
     hints = typing.get_type_hints(model)
     shapes: dict[str, type] = {}
-    for column in inspect(model).columns:
+    mapper: Any = inspect(model)
+    for column in mapper.columns:
         if not isinstance(column.type, JSON):
             continue
         (inner,) = typing.get_args(hints[column.key])
@@ -94,7 +95,8 @@ def row_problem(row: Any) -> str | None:
     or None when it reads."""
     model = type(row)
     shapes = _json_shapes(model)
-    for column in inspect(model).columns:
+    mapper: Any = inspect(model)
+    for column in mapper.columns:
         value = getattr(row, column.key)
         if value is None:
             continue

@@ -218,6 +218,7 @@ class _NanAtPublishedK(ModelBackend):
     def measure(self, config: SpecConfig, workload: Any, scenario: Scenario) -> Any:
         m = super().measure(config, workload, scenario)
         if config.k == PEAGLE.recommended_k:
+            assert m.output_tokens_per_s is not None
             return dataclasses.replace(m, output_tokens_per_s=m.output_tokens_per_s * 10, tpot_ms_p50=math.nan)
         return m
 
