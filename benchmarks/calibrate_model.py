@@ -357,9 +357,12 @@ SHAPE_HEADS = {
                         "lmsys/SGLang-EAGLE3-Qwen3-Coder-30B-A3B-Instruct-SpecForge"),
 }
 SHAPE_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64)
+#: The sweep's concurrencies in the report: those of the published points (PR #32887: 1 and 8; the blog: 1 and 64).
+DOC_SHAPE_CONCURRENCIES = (1, 8, 64)
 
 
-def shape_table(data: Mapping[str, Any], params: RooflineParams, gpus: Sequence[str] = ("b200", "h200")) -> list[str]:
+def shape_table(data: Mapping[str, Any], params: RooflineParams, gpus: Sequence[str] = ("b200", "h200"),
+                concurrencies: Sequence[int] = SHAPE_CONCURRENCIES) -> list[str]:
     """Per target, GPU and concurrency (MT-Bench, the data file's setup): no-speculation tokens/s and the best
     config (K in 1..8) of P-EAGLE 4-layer, P-EAGLE 2-layer (hypothetical) and EAGLE-3 as speedups over it."""
     evaluator = Evaluator(data, params)
@@ -370,7 +373,7 @@ def shape_table(data: Mapping[str, Any], params: RooflineParams, gpus: Sequence[
     for model, (peagle, eagle3) in SHAPE_HEADS.items():
         for gpu in gpus:
             point = {"id": "shape", "model": model, "gpu": gpu}
-            for c in SHAPE_CONCURRENCIES:
+            for c in concurrencies:
                 base = evaluator._baseline(point, "mt-bench", c)
                 ks = list(range(1, 9))
                 four = evaluator.best(point, {"drafter": peagle, "parallel": True, "k_choices": ks}, "mt-bench", c)
@@ -502,15 +505,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         write_constants(values, sigma)
         print(f"wrote {CONSTANTS_FILE}")
-    shape = shape_table(data, _params(values)) if (args.shape or args.write_doc) else []
     if args.shape:
-        print("\n".join(shape))
+        print("\n".join(shape_table(data, _params(values))))
     advantage: list[str] = []
     if args.advantage or args.write_doc:
         advantage = advantage_table(data, _params(values)) + [""] + breakdown_table(data, _params(values))
     if args.advantage:
         print("\n".join(advantage))
     if args.write_doc:
+        shape = shape_table(data, _params(values), concurrencies=DOC_SHAPE_CONCURRENCIES)
         write_doc(args.write_doc, values, summary, points, shape, advantage)
     return 0
 
