@@ -84,7 +84,7 @@ def test_moe_gain_at_concurrency_64_is_below_concurrency_1_once_experts_hold_man
     # 1.48 -> 1.43: B200's FP8 tensor cores keep its MoE memory-bound longer, hence the thin EAGLE-3 margin).
     # gpt-oss-120b (128 experts) is NOT asserted: at c = 64 with K = 4 its 1280 rows are 10 per expert, inside one
     # 16-row tile of experts plain decoding already reads (111 of 128), so verification stays nearly free and its
-    # gain at c = 64 exceeds c = 1 (docs/benchmarks/model.md, "Across concurrency", for the evidence).
+    # gain at c = 64 exceeds c = 1 (docs/benchmarks/model.md, "What limits the result", for the evidence).
     backend = ModelBackend("gpt-oss-20b", gpu)
     for head, parallel in (("amazon/GPT-OSS-20B-P-EAGLE", True), ("RedHatAI/gpt-oss-20b-speculator.eagle3", False)):
         c1, c64 = (best_gain(backend, head, parallel, c) for c in (1, 64))
