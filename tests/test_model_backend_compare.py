@@ -14,7 +14,7 @@ P_EAGLE = "amazon/GPT-OSS-20B-P-EAGLE"
 EAGLE3 = "RedHatAI/gpt-oss-20b-speculator.eagle3"
 JSON_KEYS = {
     "drafter", "layers", "parallel_drafting", "hypothetical", "best_config", "output_tokens_per_s",
-    "speedup_vs_no_spec", "speedup_vs_eagle3",
+    "speedup_vs_no_spec", "speedup_vs_eagle3", "is_eagle3_reference",
 }
 
 

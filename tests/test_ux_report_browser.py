@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -183,3 +184,77 @@ def test_a_missing_figure_is_caught(report_dir: Path, tmp_path: Path) -> None:
     errors, broken, _ = check_in_browser(broken_dir / "index.html", tmp_path / "broken.png")
     assert any(victim.name in b for b in broken), broken
     assert any("ERR_FILE_NOT_FOUND" in e or victim.name in e for e in errors), errors
+
+
+@pytest.fixture(scope="module")
+def comparison_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    """`peagle-tune report` of three grid searches at c=1 and c=8 that recommend the same configs: throughput,
+    goodput under an SLO every config meets, and throughput again under another study name (issue 33.8)."""
+    base = tmp_path_factory.mktemp("ux-report-compare")
+    db = str(base / "peagle.db")
+    grid = ["search", "--model", "gpt-oss-120b", "--gpu", "h200", "--concurrency", "1,8", "--max-k", "2",
+            "--strategy", "grid", "--db", db]
+    for extra in ([], ["--objective", "goodput", "--slo-tpot-p99", "1000"], ["--study", "again"]):
+        result = CliRunner().invoke(main, [*grid, *extra])
+        assert result.exit_code == 0, result.output
+    shown = CliRunner().invoke(main, ["show", "--json", "--db", db])
+    recs = json.loads(shown.stdout)["recommendations"]
+    out = base / "report"
+    result = CliRunner().invoke(main, ["report", "--out", str(out), "--db", db])
+    assert result.exit_code == 0, result.output
+    by_objective: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_objective.setdefault(r["objective"], []).append(r)
+    return out, by_objective
+
+
+#: The page's P-EAGLE vs EAGLE-3 tables: per table, its rows' cells (text), and which rows are marked recommended.
+DRAFTER_TABLES = ("Array.from(document.querySelectorAll('table.drafters')).map(t => Array.from(t.rows).slice(1)"
+                  ".map(r => ({cells: Array.from(r.cells).map(c => c.textContent), "
+                  "recommended: r.classList.contains('recommended')})))")
+
+
+def test_the_report_compares_p_eagle_with_eagle3_per_concurrency(
+    comparison_dir: tuple[Path, dict[str, list[dict[str, Any]]]], tmp_path: Path
+) -> None:
+    out, recs = comparison_dir
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open((out / "index.html").resolve().as_uri())
+        tables = browser.evaluate(DRAFTER_TABLES)
+        cards = int(browser.evaluate("document.querySelectorAll('.card').length"))
+        notes = browser.evaluate("Array.from(document.querySelectorAll('.card .same')).map(p => p.textContent)")
+        ids = browser.evaluate("Array.from(document.querySelectorAll('table:not(.drafters) tr td:first-child'))"
+                               ".map(td => td.textContent)")
+        assert browser.errors() == []
+    finally:
+        browser.close()
+    # One table per search shown (throughput, goodput; their grids pick alike): per concurrency, every variant
+    # searched, with the figures stored.
+    assert len(tables) == 2
+    throughput = {r["scenario"]["concurrency"]: r for r in recs["throughput"]}
+    for rows in tables:
+        assert len(rows) == sum(len(r["metrics"]["per_drafter"]) for r in throughput.values())
+        concurrency = None
+        for row in rows:
+            cells = row["cells"]
+            concurrency = int(cells[0]) if cells[0] else concurrency
+            stored = throughput[concurrency]["metrics"]["per_drafter"]
+            match = [d for d in stored if d["drafter"].split(":")[0] == cells[1].rstrip("*")
+                     and str(d["layers"]) == cells[2] and d["parallel_drafting"] == (cells[3] == "parallel (P-EAGLE)")
+                     and d["hypothetical"] == cells[1].endswith("*")]
+            assert len(match) == 1, cells
+            assert cells[6] == f"{match[0]['output_tokens_per_s']:,.0f}"
+            assert cells[8] == ("ref" if match[0]["is_eagle3_reference"] else f"{match[0]['speedup_vs_eagle3']:.2f}x")
+            best = throughput[concurrency]["best_config"]
+            assert row["recommended"] == ((best["drafter"], best["parallel_drafting"]) == (
+                match[0]["best_config"]["drafter"], match[0]["parallel_drafting"]))
+        assert [r["cells"][0] for r in rows if r["cells"][0]] == ["1", "8"]
+        kinds = {(r["cells"][2], r["cells"][3]) for r in rows}
+        assert {("4", "parallel (P-EAGLE)"), ("2", "parallel (P-EAGLE)"), ("1", "sequential")} <= kinds
+        assert sum(r["recommended"] for r in rows) == 2  # one per concurrency
+    # One entry per distinct recommendation: the goodput search recommends the throughput search's configs, so
+    # two cards (c=1, c=8) each naming the other recommendation; the table shows each config and load once.
+    assert cards == 2 and len(notes) == 2
+    assert all(re.search(r"#\d+ \((throughput|goodput-tpot1000)\)", n) for n in notes), notes
+    assert len(ids) == 2 and all("also" in i for i in ids)

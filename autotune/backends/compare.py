@@ -134,7 +134,7 @@ class DrafterBest:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: drafter, layers, parallel_drafting, hypothetical, best_config (``SpecConfig.to_dict()``),
-        output_tokens_per_s, speedup_vs_no_spec, speedup_vs_eagle3."""
+        output_tokens_per_s, speedup_vs_no_spec, speedup_vs_eagle3, is_eagle3_reference."""
         return {
             "drafter": self.drafter,
             "layers": self.layers,
@@ -144,6 +144,7 @@ class DrafterBest:
             "output_tokens_per_s": self.output_tokens_per_s,
             "speedup_vs_no_spec": self.speedup_vs_no_spec,
             "speedup_vs_eagle3": self.speedup_vs_eagle3,
+            "is_eagle3_reference": self.is_eagle3_reference,
         }
 
 

@@ -16,7 +16,15 @@ from html import escape
 from typing import Any
 
 from autotune.errors import PeagleError
-from autotune.report._series import config_label, kind_of, provenance_caption, slos_of
+from autotune.report._series import (
+    DrafterRow,
+    config_label,
+    distinct,
+    drafter_rows,
+    kind_of,
+    provenance_caption,
+    slos_of,
+)
 from autotune.spec import SpecConfig
 from store import RecommendationRecord
 
@@ -104,6 +112,7 @@ pre { background: #1e1e1e; color: #f0f0f0; padding: 0.6em 0.9em; border-radius: 
 figure { margin: 1.2em 0 2em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { color: #555; font-size: 0.85em; }
 .howto { background: #fffbe6; border-left: 4px solid #e0c040; padding: 0.4em 0.9em; }
+tr.recommended td { font-weight: bold; background: #eef4ff; } .same { color: #555; font-size: 0.9em; }
 table { border-collapse: collapse; font-size: 0.85em; width: 100%; }
 th, td { border: 1px solid #ddd; padding: 0.3em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; } td.num { text-align: right; white-space: nowrap; }
@@ -176,7 +185,12 @@ def _p99(metrics: dict[str, Any]) -> str:
     return f"<span>TPOT p99 <b>{value:.2f}</b> ms{note}</span>"
 
 
-def _summary_card(rec: RecommendationRecord) -> str:
+def _same_as(same: Sequence[RecommendationRecord]) -> str:
+    """``#3 (pareto), #1 (throughput)``: near-identical recommendations an entry stands for."""
+    return ", ".join(f"#{r.id} ({escape(objective_label(r))})" for r in same)
+
+
+def _summary_card(rec: RecommendationRecord, same: Sequence[RecommendationRecord] = ()) -> str:
     kind = kind_of(rec.provenance)
     m = rec.metrics
     spec_json = speculative_config_json(rec)
@@ -196,6 +210,8 @@ def _summary_card(rec: RecommendationRecord) -> str:
     if drafter:
         parts.append(f" &mdash; drafter <code>{escape(str(drafter))}</code>")
     parts.append("</p>")
+    if same:
+        parts.append(f'<p class="same">The same config for the same load is also stored as {_same_as(same)}.</p>')
     if spec_json is not None:
         parts.append("<p>Paste into <code>vllm serve</code>:</p>")
         parts.append(f'<pre class="specconfig">--speculative-config {escape(shlex.quote(spec_json))}</pre>')
@@ -254,14 +270,51 @@ def headline(recs: Sequence[RecommendationRecord]) -> str | None:
     return f"Best draft depth by concurrency (requests in flight): {text}. {moral}"
 
 
+DRAFTERS_HELP = (
+    "Each drafter variant at its own best config, per concurrency: P-EAGLE (parallel drafting: all K drafts in one "
+    "drafter pass) against EAGLE-3 (sequential: one pass per draft), and 2- against 4-layer heads. vs EAGLE-3 divides "
+    "by the best plain EAGLE-3 head at its best K (ref); the recommended variant is in bold; * marks a hypothetical "
+    "variant (no checkpoint: predicted only, never recommended while a released one qualifies)."
+)
+
+
+def _drafter_table(rows: Sequence[DrafterRow]) -> str:
+    """The P-EAGLE vs EAGLE-3 table (`autotune.report._series.drafter_rows`)."""
+    cols = ("concurrency", "drafter", "layers", "drafting", "K", "max_num_seqs", "tokens/s", "vs no spec",
+            "vs EAGLE-3")
+    out = ['<table class="drafters"><tr>' + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr>"]
+    previous = None
+    for r in rows:
+        vs_e3 = "ref" if r.eagle3_reference else _num(r.speedup_vs_eagle3, ".2f", "x")
+        cells = [
+            escape(str(r.concurrency)) if r.concurrency != previous else "",
+            escape(r.drafter) + ("*" if r.hypothetical else ""),
+            escape(str(r.layers)) if r.layers else "-",
+            "parallel (P-EAGLE)" if r.parallel_drafting else "sequential",
+            escape(str(r.k)) if r.k else "-",
+            escape(str(r.max_num_seqs)) if r.max_num_seqs else "-",
+            _num(r.tokens_per_s, ",.0f"),
+            _num(r.speedup_vs_no_spec, ".2f", "x"),
+            vs_e3,
+        ]
+        previous = r.concurrency
+        style = ' class="recommended"' if r.recommended else ""
+        out.append(f"<tr{style}>" + "".join(
+            f'<td class="num">{c}</td>' if i in (0, 2, 4, 5, 6, 7, 8) else f"<td>{c}</td>" for i, c in enumerate(cells)
+        ) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
 def _rec_table(recs: Sequence[RecommendationRecord]) -> str:
     cols = ("#", "created", "GPU", "vLLM", "workload", "objective", "scenario", "config", "tokens/s", "TPOT p50 ms",
             "vs no spec", "vs pub. K", "source", "study")
     rows = ["<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr>"]
-    for r in recs:
+    for r, same in distinct(recs):
         m = r.metrics
         cells = [
-            escape(str(r.id)),
+            escape(str(r.id)) + (f' <span class="same">(also {", ".join(f"#{o.id}" for o in same)})</span>'
+                                 if same else ""),
             escape(r.created_at.strftime("%Y-%m-%d %H:%M")),
             escape(r.gpu),
             escape(r.vllm_version or "-"),
@@ -311,6 +364,7 @@ def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) ->
             out.append(f"<p><b>{escape(s.model)}</b>: no recommendation stored yet; run "
                        f"<code>peagle-tune search --model {escape(s.model)}</code>.</p>")
             continue
+        cards = {r.id: same for r, same in distinct(s.latest)}  # one card per distinct recommendation
         groups: dict[tuple[str, str, str], list[RecommendationRecord]] = {}
         for r in s.latest:
             groups.setdefault((r.gpu, r.workload_name or "", objective_label(r)), []).append(r)
@@ -321,7 +375,7 @@ def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) ->
                     f'<p class="headline"><b>{escape(s.model)}</b> on {escape(gpu)}, {escape(workload or "?")}, '
                     f"{escape(objective)} {badge(_group_kind(recs))}: {escape(line)}</p>"
                 )
-            out.extend(_summary_card(r) for r in recs)
+            out.extend(_summary_card(r, cards[r.id]) for r in recs if r.id in cards)
     for s in sections:
         out.append(f"<h2>{escape(s.model)}</h2>")
         if s.notes:
@@ -334,7 +388,19 @@ def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) ->
             if help_text:
                 out.append(f'<p class="howto"><b>How to read it:</b> {escape(help_text)}</p>')
             out.extend(_figure(f) for f in figures)
-        out.append(f"<h3>Recommendations for {escape(s.model)} ({len(s.recommendations)})</h3>")
+        by_search: dict[tuple[str, str, str], list[RecommendationRecord]] = {}
+        for r in s.latest:
+            by_search.setdefault((r.gpu, r.workload_name or "?", objective_label(r)), []).append(r)
+        for (gpu, workload, objective), recs in by_search.items():
+            rows = drafter_rows(recs)
+            if len({(r.drafter, r.layers, r.parallel_drafting) for r in rows}) < 2:
+                continue
+            out.append(f"<h3>P-EAGLE vs EAGLE-3 (2 vs 4 layers): {escape(gpu)}, {escape(workload)}, "
+                       f"{escape(objective)} {badge(_group_kind(recs))}</h3>")
+            out.append(f'<p class="howto"><b>How to read it:</b> {escape(DRAFTERS_HELP)}</p>')
+            out.append(_drafter_table(rows))
+        distinct_recs = distinct(s.recommendations)
+        out.append(f"<h3>Recommendations for {escape(s.model)} ({len(distinct_recs)})</h3>")
         out.append(_rec_table(s.recommendations) if s.recommendations else "<p>None stored.</p>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -8,7 +8,9 @@ None and the report says why in `notes`.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -782,3 +784,73 @@ def simulation_data(study: str, trials: Sequence[TrialRecord]) -> tuple[Simulati
         tpot_ms_p50={k: sorted(v) for k, v in tpot.items()},
         kinds=kinds,
     ), ""
+
+
+# ------------------------------------------------------------------------------------------------ recommendations
+
+
+def same_recommendation_key(rec: RecommendationRecord) -> tuple[str, ...]:
+    """What makes two recommendations near-identical for a reader: the same GPU, workload, scenario and config
+    (whatever the objective or run that stored them)."""
+    return (rec.gpu, rec.workload_hash or rec.workload_name or "", json.dumps(rec.scenario, sort_keys=True),
+            json.dumps(rec.best_config, sort_keys=True))
+
+
+def distinct(recs: Sequence[RecommendationRecord]) -> list[tuple[RecommendationRecord, list[RecommendationRecord]]]:
+    """One entry per distinct recommendation (`same_recommendation_key`), in `recs`' order (the first of each kept),
+    with the near-identical ones it stands for."""
+    groups: dict[tuple[str, ...], list[RecommendationRecord]] = {}
+    for r in recs:
+        groups.setdefault(same_recommendation_key(r), []).append(r)
+    return [(items[0], items[1:]) for items in groups.values()]
+
+
+@dataclass(frozen=True)
+class DrafterRow:
+    """One drafter variant's best config at one concurrency (a stored recommendation's ``per_drafter`` entry)."""
+
+    concurrency: int
+    drafter: str
+    layers: int | None
+    parallel_drafting: bool
+    hypothetical: bool
+    k: int | None
+    max_num_seqs: int | None
+    tokens_per_s: float | None
+    speedup_vs_no_spec: float | None
+    speedup_vs_eagle3: float | None
+    eagle3_reference: bool
+    recommended: bool
+
+
+def drafter_rows(recs: Sequence[RecommendationRecord]) -> list[DrafterRow]:
+    """P-EAGLE vs EAGLE-3 (and 2- vs 4-layer heads) per concurrency, from the recommendations' ``per_drafter``
+    (search's comparison of every drafter variant at its best config), lowest concurrency first, fastest first
+    within it. Entries another version wrote in another shape are skipped; numbers are kept only when numbers."""
+    out: list[DrafterRow] = []
+    for rec in sorted(recs, key=lambda r: _positive_int(r.scenario.get("concurrency")) or 0):
+        concurrency = _positive_int(rec.scenario.get("concurrency"))
+        entries = (rec.metrics or {}).get("per_drafter")
+        if concurrency is None or not isinstance(entries, list):
+            continue
+        best = rec.best_config
+        for e in entries:
+            config = e.get("best_config") if isinstance(e, dict) else None
+            if not isinstance(config, dict) or not isinstance(e.get("drafter"), str):
+                continue
+            variant = (config.get("drafter"), config.get("drafter_layers"), config.get("parallel_drafting"))
+            out.append(DrafterRow(
+                concurrency=concurrency,
+                drafter=_one_line(re.sub(r":\d+-layer$", "", e["drafter"])),
+                layers=_positive_int(e.get("layers")),
+                parallel_drafting=e.get("parallel_drafting") is True,
+                hypothetical=e.get("hypothetical") is True,
+                k=_positive_int(config.get("num_speculative_tokens")),
+                max_num_seqs=_positive_int(config.get("max_num_seqs")),
+                tokens_per_s=_finite_number(e.get("output_tokens_per_s")),
+                speedup_vs_no_spec=_finite_number(e.get("speedup_vs_no_spec")),
+                speedup_vs_eagle3=_finite_number(e.get("speedup_vs_eagle3")),
+                eagle3_reference=e.get("is_eagle3_reference") is True,
+                recommended=variant == (best.get("drafter"), best.get("drafter_layers"), best.get("parallel_drafting")),
+            ))
+    return out
