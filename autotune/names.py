@@ -3,6 +3,8 @@
 `difflib` on lower-cased names with punctuation ignored (``gptoss-120b`` -> ``gpt-oss-120b``, ``mtbench`` ->
 ``mt-bench``), keeping the matches about as close as the best one; then names that hold the typed one as a whole
 dash-separated part (``p-eagle`` -> ``gpt-oss-120b-p-eagle``). Pure: callers pass the names they know.
+
+`name_problem` says why a name or label given by a user cannot be used (not valid Unicode, not printable, too long).
 """
 
 from __future__ import annotations
@@ -59,3 +61,22 @@ def did_you_mean(word: str, known: Mapping[str, str] | Iterable[str]) -> str:
         return ""
     listed = found[0] if len(found) == 1 else ", ".join(found[:-1]) + " or " + found[-1]
     return f"did you mean {listed}? "
+
+
+def name_problem(value: str, limit: int) -> str | None:
+    """Why `value` is no usable name or label (a lone surrogate, a control character or line break, longer than
+    `limit` characters), or None. Names are shown in terminals, written into files and stored, so each must be
+    printable Unicode of bounded length.
+
+    Example: ``name_problem("c\\ud800", 64)`` -> ``"holds a lone surrogate '\\ud800' at character 1 (...)"``.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds a lone surrogate {value[exc.start]!r} at character {exc.start} (it is not valid Unicode)"
+    if len(value) > limit:
+        return f"is {len(value):,} characters long (at most {limit:,})"
+    if not value.isprintable():
+        i, char = next((i, c) for i, c in enumerate(value) if not c.isprintable())
+        return f"holds the control character {char!r} at character {i}"
+    return None

@@ -3,7 +3,8 @@
 Every reader here fails with a one-line message instead of a traceback, a MemoryError or a hang:
 
 - `read_text`: the UTF-8 text of a file; unreadable or non-UTF-8 files name the file (and the line of the bad byte).
-- `load_yaml_text`: ``yaml.safe_load`` with bounds. YAML aliases (``*name``) repeat an anchored value without
+- `load_yaml_text`: ``yaml.safe_load`` with bounds (an integer of more than 4,300 digits is a located error too).
+  YAML aliases (``*name``) repeat an anchored value without
   copying it, so a 445-byte file of nine nested aliases stands for 9^9 = 387 million strings: loading is instant,
   but the first ``repr``, ``json.dumps`` or deep copy of it needed 2 GB and 29 s before a MemoryError. We count the
   size the document has once every alias is written out (nodes plus scalar characters) and refuse it beyond
@@ -76,7 +77,8 @@ class YAMLDocumentError(yaml.YAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses collections nested deeper than `YAML_MAX_DEPTH` while composing."""
+    """``yaml.SafeLoader`` that refuses collections nested deeper than `YAML_MAX_DEPTH` while composing, and integers
+    too long to print."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -93,6 +95,24 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """An integer scalar, refused (located) when Python could not print it: more than `JSON_MAX_INT_DIGITS`
+        digits (``int()`` of the text fails), or a hex/octal/binary value as large (it reads, but its first
+        ``str()`` in a message fails)."""
+        digits = len(node.value.lstrip("+-").replace("_", ""))
+        value = super().construct_yaml_int(node) if digits <= JSON_MAX_INT_DIGITS else None
+        if value is None or abs(value).bit_length() > _MAX_INT_BITS:
+            raise YAMLDocumentError(
+                f"{_where(node.start_mark)}: an integer of {digits:,} characters is beyond the "
+                f"{JSON_MAX_INT_DIGITS:,} decimal digits Python reads; write a smaller number."
+            )
+        return value
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+#: Largest integer `_BoundedLoader` reads, in bits: below 10 ** JSON_MAX_INT_DIGITS, so it can be printed.
+_MAX_INT_BITS = int(JSON_MAX_INT_DIGITS * 3.32)
 
 
 def _where(mark: Any) -> str:

@@ -135,9 +135,9 @@ def test_hypothetical_drafter_is_labelled(tmp_path: Path) -> None:
         (["--strategy", "model-guided"], "model-guided"),
         (["--strategy", "random", "--sampler", "gp"], "applies to --strategy blackbox only"),
         (["--k-min", "5", "--max-k", "3"], "--k-min must be <= --max-k"),
-        (["--max-k", "17"], "--max-k: must be an integer in [1, 16]"),
-        (["--trials", "0"], "--trials must be >= 1"),
-        (["--slo-tpot-p99", "-3"], "--slo-tpot-p99 must be a positive number"),
+        (["--max-k", "17"], "--max-k takes an integer from 1 to 16, but got 17."),
+        (["--trials", "0"], "--trials takes an integer from 1 to 100,000, but got 0."),
+        (["--slo-tpot-p99", "-3"], "--slo-tpot-p99 takes a number of milliseconds in (0, 3600000], but got -3."),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,9 @@ def read_config(path: Path) -> dict[str, Any]:
             f"{path} is a directory without a config.json; a local model must be a Hugging Face model directory "
             "(config.json plus weights)."
         )
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UnknownModelError(f"cannot read {config_file}: {exc}; expected a JSON object (a HF config).") from exc
+    from autotune.checkpoints._cache import read_json  # bounded in size, depth and number length
+
+    data = read_json(config_file, "config.json")
     if not isinstance(data, dict):
         raise UnknownModelError(f"{config_file} holds a {type(data).__name__}; expected a JSON object (a HF config).")
     # Multimodal wrappers keep the language model's fields under text_config.

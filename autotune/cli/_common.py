@@ -163,27 +163,6 @@ def quiet_broken_pipe() -> None:
             pass
 
 
-def int_list(value: str, option: str, maximum: int | None = None) -> list[int]:
-    """Comma-separated integers in [1, `maximum`] (``1,8,64``); errors name `option`."""
-    shown = f"{value!r:.60}"
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{option} takes comma-separated integers like 1,8,64, but got {shown}.") from None
-    if not out or any(v < 1 for v in out):
-        raise UsageError(f"{option} takes positive integers like 1,8,64, but got {shown}.")
-    if maximum is not None and any(v > maximum for v in out):
-        raise UsageError(f"{option} takes integers from 1 to {maximum:,}, but got {shown}.")
-    return out
-
-
-def finite_seconds(value: float, option: str, *, maximum: float) -> float:
-    """`value` if it is a finite number of seconds in (0, `maximum`]; click's FLOAT also accepts nan and inf."""
-    if not (value == value and 0 < value <= maximum):  # nan != nan
-        raise UsageError(f"{option} takes a number of seconds in (0, {maximum:g}], but got {value}.")
-    return value
-
-
 def _db_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A command's --db, else the group's (``peagle-tune --db URL show``), else PEAGLE_DB, else the default."""
     from click.core import ParameterSource

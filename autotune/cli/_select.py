@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 
 import click
 
+from autotune.cli._bounds import number
 from autotune.cli._common import err_console
 from autotune.selection import Ambiguous, Choice, Criteria, Entry
 
@@ -17,10 +18,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 Unit = Literal["one", "search", "latest-search"]
 
 recommendation_option = click.option(
-    "--recommendation", "rec_id", type=int, default=None, metavar="ID",
+    "--recommendation", "rec_id", type=number("--recommendation"), default=None, metavar="ID",
     help="The recommendation with this id (`peagle-tune show` lists them); the other options must agree with it.")
 concurrency_option = click.option(
-    "--concurrency", type=click.IntRange(min=1), default=None, metavar="C",
+    "--concurrency", type=number("--concurrency"), default=None, metavar="C",
     help="Only recommendations tuned for concurrency C.")
 gpu_option = click.option(
     "--gpu", default=None, metavar="GPU",

@@ -9,15 +9,29 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli._common import canonical_model, console, db_option, err_console, errors, int_list, open_store
+from autotune.cli._bounds import dtype_callback, name_callback, number, numbers
+from autotune.cli._common import (
+    canonical_model,
+    console,
+    db_option,
+    debug_enabled,
+    err_console,
+    errors,
+    open_store,
+)
 
 
 @click.command()
-@click.option("--model", required=True, help="Target model: HF id or local path (what vLLM loads).")
-@click.option("--drafter", "drafters", multiple=True, required=True, help="Drafter id or local path (repeatable).")
-@click.option("--workload", required=True, help="Built-in workload name or a .jsonl/.json file (classes per record).")
-@click.option("--concurrency", default="1,4,16", show_default=True, help="Concurrencies, one phase each.")
-@click.option("--max-k", type=int, default=8, show_default=True, help="K_max: the depth the engine drafts at.")
+@click.option("--model", required=True, callback=name_callback("--model"),
+              help="Target model: HF id or local path (what vLLM loads).")
+@click.option("--drafter", "drafters", multiple=True, required=True, callback=name_callback("--drafter"),
+              help="Drafter id or local path (repeatable).")
+@click.option("--workload", required=True, callback=name_callback("--workload"),
+              help="Built-in workload name or a .jsonl/.json file (classes per record).")
+@click.option("--concurrency", type=numbers("--concurrency"), default="1,4,16", show_default=True,
+              help="Concurrencies, one phase each.")
+@click.option("--max-k", type=number("--max-k"), default=8, show_default=True,
+              help="K_max: the depth the engine drafts at.")
 @click.option(
     "--method",
     type=click.Choice(["draft_model", "eagle3", "eagle"]),
@@ -31,13 +45,17 @@ from autotune.cli._common import canonical_model, console, db_option, err_consol
     show_default=True,
     help="auto: on when the drafter's config has a mask token (P-EAGLE, PARD).",
 )
-@click.option("--num-prompts", type=int, default=None, help="Requests per concurrency phase (default: the workload, "
+@click.option("--num-prompts", type=number("--num-prompts"), default=None,
+              help="Requests per concurrency phase (default: the workload, "
               "at least 8 per in-flight request).")
-@click.option("--dtype", default="auto", show_default=True, help="Engine dtype (float32 makes CPU runs reproducible).")
-@click.option("--max-model-len", type=int, default=None, help="vLLM max_model_len (small values save memory on CPU).")
+@click.option("--dtype", default="auto", show_default=True, callback=dtype_callback,
+              help="Engine dtype (float32 makes CPU runs reproducible).")
+@click.option("--max-model-len", type=number("--max-model-len"), default=None,
+              help="vLLM max_model_len (small values save memory on CPU).")
 @click.option("--load-format", default=None, help="vLLM load_format (\"dummy\" for config-only checkpoints).")
 @click.option("--enforce-eager", is_flag=True, help="Skip torch.compile/CUDA graphs (faster start for small models).")
-@click.option("--timeout", "timeout_s", type=float, default=1800.0, show_default=True, help="Seconds per launch.")
+@click.option("--timeout", "timeout_s", type=number("--timeout"), default=1800.0, show_default=True,
+              help="Seconds per launch.")
 @click.option("--baseline", is_flag=True, help="One more launch without speculation, shared by all drafters: "
               "measures T(B, 0) without a drafter so the cost model can price no-speculation.")
 @click.option("--side-by-side", is_flag=True, help="With --baseline: run the no-speculation engine beside each "
@@ -51,7 +69,7 @@ def profile(
     model: str,
     drafters: tuple[str, ...],
     workload: str,
-    concurrency: str,
+    concurrency: list[int],
     max_k: int,
     method: str | None,
     parallel_drafting: str,
@@ -85,10 +103,8 @@ def profile(
     """
     from autotune.cli._progress import launch_progress
     from autotune.profiling import profile as run_profile
-    from autotune.spec import MAX_CONCURRENCY
     from autotune.workloads import load_workload
 
-    concurrencies = int_list(concurrency, "--concurrency", MAX_CONCURRENCY)
     wl = load_workload(workload)
     store = None if no_store else open_store(db_url, writes=True)
     pd = {"auto": None, "on": True, "off": False}[parallel_drafting]
@@ -103,7 +119,7 @@ def profile(
             model,
             list(drafters),
             wl,
-            concurrencies=concurrencies,
+            concurrencies=concurrency,
             max_k=max_k,
             store=store,
             model_name=canonical_model(model),
@@ -139,7 +155,8 @@ def _print_result(r: Any) -> None:
     console.rule(f"{r.drafter} ({r.method}{', parallel drafting' if r.parallel_drafting else ''}, K_max={r.max_k})")
     if not r.ok:
         console.print(Text.assemble((f"failed ({r.failure_kind})", "red"), f": {r.failure_reason}"))
-        if r.log_tail:
+        # vLLM's refusal of a config is its traceback: the reason above is its one line (--debug shows the tail).
+        if r.log_tail and (r.failure_kind != "invalid_config" or debug_enabled()):
             console.print(r.log_tail, highlight=False, markup=False)
         return
     console.print(f"Every figure below is {where}, except the step-cost model's fit (a least-squares prediction).")

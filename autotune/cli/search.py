@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from autotune.cli._bounds import name_callback, number, numbers
 from autotune.cli._common import (
     catalog_option,
     console,
     db_option,
     err_console,
     errors,
-    int_list,
     open_store,
     wide_console,
 )
@@ -32,14 +32,17 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--model", required=True, help="Target model: catalog name (gpt-oss-120b), HF id or local path.")
-@click.option("--gpu", default=None,
+@click.option("--model", required=True, callback=name_callback("--model"),
+              help="Target model: catalog name (gpt-oss-120b), HF id or local path.")
+@click.option("--gpu", default=None, callback=name_callback("--gpu"),
               help="GPU to predict for: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, or the name nvidia-smi "
               "prints (\"NVIDIA H100 PCIe\"). Default: h200.")
 @click.option(
-    "--workload", default="mt-bench", show_default=True, help="Built-in workload name or a .jsonl/.json file."
+    "--workload", default="mt-bench", show_default=True, callback=name_callback("--workload"),
+    help="Built-in workload name or a .jsonl/.json file.",
 )
-@click.option("--concurrency", default="1,8,64", show_default=True, help="Comma-separated concurrencies to tune for.")
+@click.option("--concurrency", type=numbers("--concurrency"), default="1,8,64", show_default=True,
+              help="Comma-separated concurrencies to tune for.")
 @click.option(
     "--objective",
     type=click.Choice(["throughput", "latency", "goodput", "pareto"]),
@@ -48,8 +51,10 @@ if TYPE_CHECKING:
     help="throughput: max output tokens/s; latency: min TPOT p50; goodput: max tokens/s meeting the SLOs; "
     "pareto: tokens/s vs TPOT p99 front, recommending its highest-throughput point that meets the SLOs.",
 )
-@click.option("--slo-tpot-p99", type=float, default=None, metavar="MS", help="SLO: TPOT p99 at most MS ms.")
-@click.option("--slo-ttft-p99", type=float, default=None, metavar="MS", help="SLO: TTFT p99 at most MS ms.")
+@click.option("--slo-tpot-p99", type=number("--slo-tpot-p99"), default=None, metavar="MS",
+              help="SLO: TPOT p99 at most MS ms.")
+@click.option("--slo-ttft-p99", type=number("--slo-ttft-p99"), default=None, metavar="MS",
+              help="SLO: TTFT p99 at most MS ms.")
 @click.option(
     "--strategy",
     default="auto",
@@ -61,19 +66,22 @@ if TYPE_CHECKING:
 @click.option("--sampler", type=click.Choice(["tpe", "gp"]), default=None, help="Blackbox sampler (default: tpe).")
 @click.option(
     "--trials",
-    type=int,
+    type=number("--trials"),
     default=None,
     help="Trials per concurrency, shared by all workers of the study (default: 60; grid: the whole grid).",
 )
 @click.option("--backend", type=click.Choice(["auto", "model", "vllm"]), default="auto", show_default=True)
-@click.option("--drafter", "drafters", multiple=True, help="Drafter id or path (repeatable). Default: the catalog's.")
-@click.option("--k-min", type=int, default=None, help="Smallest draft depth K to consider (default 1).")
-@click.option("--max-k", type=int, default=None, help="Largest draft depth K to consider (default 8).")
+@click.option("--drafter", "drafters", multiple=True, callback=name_callback("--drafter"),
+              help="Drafter id or path (repeatable). Default: the catalog's.")
+@click.option("--k-min", type=number("--k-min"), default=None, help="Smallest draft depth K to consider (default 1).")
+@click.option("--max-k", type=number("--max-k"), default=None, help="Largest draft depth K to consider (default 8).")
 @click.option(
-    "--max-num-seqs", default=None, help="Comma-separated max_num_seqs choices (default: c/2, c, 2c per concurrency)."
+    "--max-num-seqs", type=numbers("--max-num-seqs"), default=None,
+    help="Comma-separated max_num_seqs choices (default: c/2, c, 2c per concurrency)."
 )
 @click.option(
-    "--max-num-batched-tokens", default=None, help="Comma-separated max_num_batched_tokens choices (default: vLLM's)."
+    "--max-num-batched-tokens", type=numbers("--max-num-batched-tokens"), default=None,
+    help="Comma-separated max_num_batched_tokens choices (default: vLLM's)."
 )
 @click.option("--parallel-drafting", type=click.Choice(["auto", "on", "off"]), default=None, help="Default: auto.")
 @click.option(
@@ -96,10 +104,10 @@ if TYPE_CHECKING:
     help="Optuna storage URL (or SQLite file path) shared by workers on several hosts, e.g. "
     "postgresql://user@host/db (default: --db).",
 )
-@click.option("--heartbeat", type=int, default=60, show_default=True, metavar="SECONDS",
+@click.option("--heartbeat", type=number("--heartbeat"), default=60, show_default=True, metavar="SECONDS",
               help="Heartbeat of running trials; a worker silent for twice this has its trial failed and re-queued.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--tensor-parallel-size", "tensor_parallel_size", type=click.IntRange(1, 64), default=1,
+@click.option("--seed", type=number("--seed"), default=0, show_default=True)
+@click.option("--tensor-parallel-size", "tensor_parallel_size", type=number("--tensor-parallel-size"), default=1,
               show_default=True, help="GPUs to split the target over (vLLM's --tensor-parallel-size); kept in every "
               "config, so exports carry it.")
 @click.option("--no-download", is_flag=True,
@@ -116,7 +124,7 @@ def search(
     model: str,
     gpu: str | None,
     workload: str,
-    concurrency: str,
+    concurrency: list[int],
     objective: str,
     slo_tpot_p99: float | None,
     slo_ttft_p99: float | None,
@@ -127,8 +135,8 @@ def search(
     drafters: tuple[str, ...],
     k_min: int | None,
     max_k: int | None,
-    max_num_seqs: str | None,
-    max_num_batched_tokens: str | None,
+    max_num_seqs: list[int] | None,
+    max_num_batched_tokens: list[int] | None,
     parallel_drafting: str | None,
     space_file: Path | None,
     include_hypothetical: bool | None,
@@ -162,18 +170,13 @@ def search(
       peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
     """
     from autotune.search import SearchOptions, plan_search, space_from_options
-    from autotune.spec import MAX_CONCURRENCY, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
     space = space_from_options(
         drafters=list(drafters) or None,
         k_min=k_min,
         k_max=max_k,
-        max_num_seqs=int_list(max_num_seqs, "--max-num-seqs", MAX_NUM_SEQS) if max_num_seqs else None,
-        max_num_batched_tokens=(
-            int_list(max_num_batched_tokens, "--max-num-batched-tokens", MAX_NUM_BATCHED_TOKENS)
-            if max_num_batched_tokens
-            else None
-        ),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         parallel_drafting=parallel_drafting,
         include_hypothetical=include_hypothetical,
     )
@@ -181,7 +184,7 @@ def search(
         model=model,
         gpu=gpu,
         workload=workload,
-        concurrencies=int_list(concurrency, "--concurrency", MAX_CONCURRENCY),
+        concurrencies=concurrency,
         objective=objective,
         slo_tpot_p99_ms=slo_tpot_p99,
         slo_ttft_p99_ms=slo_ttft_p99,

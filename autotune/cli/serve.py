@@ -7,30 +7,31 @@ from typing import Any
 
 import click
 
-from autotune.cli._common import canonical_model, db_option, err_console, errors, finite_seconds, open_store
+from autotune.cli._bounds import name_callback, number
+from autotune.cli._common import canonical_model, db_option, err_console, errors, open_store
 from autotune.cli._select import Unit, choose, selection_options
 from autotune.selection import Choice, Criteria
 
-#: Longest --record-every: a week (a profile stored less often than that is stored only at shutdown anyway).
-MAX_RECORD_EVERY_S = 7 * 24 * 3600.0
-
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--model", required=True, help="Target model: catalog name, HF id or local path (what vLLM loads).")
+@click.option("--model", required=True, callback=name_callback("--model"),
+              help="Target model: catalog name, HF id or local path (what vLLM loads).")
 @selection_options
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Policy file (`peagle-tune export --format policy`): overrides classes, caps and static K.")
-@click.option("--drafter", default=None, help="Serve this drafter (id or path) instead of the recommended one.")
-@click.option("--max-k", type=int, default=None,
+@click.option("--drafter", default=None, callback=name_callback("--drafter"),
+              help="Serve this drafter (id or path) instead of the recommended one.")
+@click.option("--max-k", type=number("--max-k"), default=None,
               help="Drafter depth: the deepest depth the controller may verify (default: the policy's max_k).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=number("--port"), default=8000, show_default=True)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the plugin config, statistics and metrics files; yours, writable by no one else "
                    "(default: <tmp>/ptune-UID/serve-PORT, created 0700).")
-@click.option("--record-every", "record_every_s", type=float, default=600.0, show_default=True, metavar="SECONDS",
+@click.option("--record-every", "record_every_s", type=number("--record-every"), default=600.0,
+              show_default=True, metavar="SECONDS",
               help="Store the live profile every SECONDS (and at shutdown).")
-@click.option("--drift-threshold", type=float, default=0.15, show_default=True,
+@click.option("--drift-threshold", type=number("--drift-threshold"), default=0.15, show_default=True,
               help="Warn (suggest re-tuning) when live AL at the static K moves more than this fraction.")
 @click.option("--no-classify", is_flag=True,
               help="Do not classify requests in the API server (every request starts in the policy's default "
@@ -87,7 +88,6 @@ def serve(
       peagle-tune serve --model gpt-oss-120b --gpu h200 --concurrency 8 --dry-run
       peagle-tune serve --model ./target --policy policy.yaml --dry-run -- --dtype float32 --max-model-len 512
     """
-    from autotune.errors import UsageError
     from autotune.serving import (
         LOOPBACK,
         DriftReport,
@@ -97,11 +97,6 @@ def serve(
         run_server,
     )
 
-    finite_seconds(record_every_s, "--record-every", maximum=MAX_RECORD_EVERY_S)
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port must be a TCP port from 1 to 65535, but got {port}.")
-    if not 0 < drift_threshold < 10:
-        raise UsageError(f"--drift-threshold is a relative change like 0.15 (15%), but got {drift_threshold}.")
     store = open_store(db_url, writes=not (no_record or dry_run))
     name = canonical_model(model)
     criteria = Criteria(model=name, gpu=gpu, workload=workload, objective=objective, concurrency=concurrency)

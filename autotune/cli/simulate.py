@@ -9,17 +9,21 @@ from typing import Any
 
 import click
 
-from autotune.cli._common import db_option, echo, err_console, errors, int_list, open_store
+from autotune.cli._bounds import name_callback, number, numbers
+from autotune.cli._common import db_option, echo, err_console, errors, open_store
 
 _WIDTH = 80
 _CONFIG_COL = 30
 
 
 @click.command()
-@click.option("--model", default=None, help="Target model (catalog name, e.g. gpt-oss-120b). Not with --profile.")
-@click.option("--gpu", default=None, help="GPU to predict for (h100, h200, b200, ...). Default: the catalog's.")
-@click.option("--drafter", default=None, help="Drafter (default: the model's P-EAGLE head with published acceptance).")
-@click.option("--max-k", type=int, default=None, help="The drafter's K (default: its trained K, else 8).")
+@click.option("--model", default=None, callback=name_callback("--model"),
+              help="Target model (catalog name, e.g. gpt-oss-120b). Not with --profile.")
+@click.option("--gpu", default=None, callback=name_callback("--gpu"),
+              help="GPU to predict for (h100, h200, b200, ...). Default: the catalog's.")
+@click.option("--drafter", default=None, callback=name_callback("--drafter"),
+              help="Drafter (default: the model's P-EAGLE head with published acceptance).")
+@click.option("--max-k", type=number("--max-k"), default=None, help="The drafter's K (default: its trained K, else 8).")
 @click.option("--workload", default="mt-bench", show_default=True,
               help="Built-in workload name or a .jsonl/.json file (the default is search's; `mixed` shifts between "
               "chat, code and math).")
@@ -30,13 +34,19 @@ _CONFIG_COL = 30
     show_default=True,
     help="shifting: each class alone, then mixed; stationary: every phase mixed (comma-separated).",
 )
-@click.option("--concurrency", default="1,8,64", show_default=True, help="Closed-loop concurrencies (comma-separated).")
-@click.option("--rate", type=float, default=None, metavar="REQ_PER_S", help="Open loop: Poisson arrivals at this rate.")
-@click.option("--requests-per-phase", type=int, default=None, help="Requests per phase (default: max(48, 4 x c)).")
-@click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (default: c; 256 with --rate).")
-@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
-@click.option("--output-tokens", type=int, default=None, help="Output tokens per request (default: its max_tokens).")
-@click.option("--chars-per-token", type=float, default=4.0, show_default=True, help="Prompt length estimate.")
+@click.option("--concurrency", type=numbers("--concurrency"), default="1,8,64", show_default=True,
+              help="Closed-loop concurrencies (comma-separated).")
+@click.option("--rate", type=number("--rate"), default=None, metavar="REQ_PER_S",
+              help="Open loop: Poisson arrivals at this rate.")
+@click.option("--requests-per-phase", type=number("--requests-per-phase"), default=None,
+              help="Requests per phase (default: max(48, 4 x c)).")
+@click.option("--max-num-seqs", type=number("--max-num-seqs"), default=None,
+              help="vLLM max_num_seqs (default: c; 256 with --rate).")
+@click.option("--max-num-batched-tokens", type=number("--max-num-batched-tokens"), default=8192, show_default=True)
+@click.option("--output-tokens", type=number("--output-tokens"), default=None,
+              help="Output tokens per request (default: its max_tokens).")
+@click.option("--chars-per-token", type=number("--chars-per-token"), default=4.0, show_default=True,
+              help="Prompt length estimate.")
 @click.option(
     "--policy",
     "policy_file",
@@ -44,7 +54,7 @@ _CONFIG_COL = 30
     default=None,
     help="Policy file (classes, caps, controller settings) for the adaptive configs.",
 )
-@click.option("--profile", "profile_id", type=int, default=None,
+@click.option("--profile", "profile_id", type=number("--profile"), default=None,
               help="Simulate from this stored profile (measured acceptance and fitted step cost) instead of a GPU.")
 @click.option("--traces", "traces_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Recorded per-request traces (the scheduler plugin's stats JSON).")
@@ -52,8 +62,9 @@ _CONFIG_COL = 30
               help="rho of the latent acceptance state in [0, 1), or 'auto' to fit it to --traces.")
 @click.option("--configs", default="none,static,schedule,adaptive,adaptive-width", show_default=True,
               help="Config kinds to compare.")
-@click.option("--static-k", default=None, help="Static depths to include (default: 1..K_max).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--static-k", type=numbers("--static-k"), default=None,
+              help="Static depths to include (default: 1..K_max).")
+@click.option("--seed", type=number("--seed"), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--store/--no-store", "keep", default=True, show_default=True,
               help="Store the result (as a study of predicted trials: `peagle-tune show --simulations`, `report`).")
@@ -67,7 +78,7 @@ def simulate(
     workload: str,
     classes: str | None,
     shape: str,
-    concurrency: str,
+    concurrency: list[int],
     rate: float | None,
     requests_per_phase: int | None,
     max_num_seqs: int | None,
@@ -79,7 +90,7 @@ def simulate(
     traces_file: Path | None,
     autocorrelation: str,
     configs: str,
-    static_k: str | None,
+    static_k: list[int] | None,
     seed: int,
     as_json: bool,
     keep: bool,
@@ -120,7 +131,7 @@ def simulate(
     shapes: list[WorkloadShape] = [s for s in SHAPES if s in {x.strip() for x in shape.split(",")}]
     if not shapes or {x.strip() for x in shape.split(",") if x.strip()} - set(SHAPES):
         raise UsageError(f"--shape takes {', '.join(SHAPES)} (comma-separated), but got {shape!r}.")
-    concurrencies = [] if rate is not None else int_list(concurrency, "--concurrency")
+    concurrencies = [] if rate is not None else concurrency
     if profile_id is None and model is None:
         raise UsageError("simulate needs --model (with --gpu) or --profile ID.")
     if profile_id is not None and (model is not None or gpu is not None):
@@ -137,7 +148,7 @@ def simulate(
     traces = load_traces(traces_file) if traces_file is not None else []
     policy = load_policy(policy_file) if policy_file is not None else None
     kinds = [k.strip() for k in configs.split(",") if k.strip()]
-    static_ks = int_list(static_k, "--static-k") if static_k else None
+    static_ks = static_k
     # Opened before simulating, so a database that cannot take the result is refused before the work.
     store = open_store(db_url, writes=True) if keep else (open_store(db_url) if profile_id is not None else None)
 

@@ -63,6 +63,7 @@ from autotune.engine._harness import (
 )
 from autotune.engine._observe import LaunchEvent, LaunchObserver, observe_launches
 from autotune.engine._options import (
+    DTYPES,
     ENGINE_CLI,
     EngineOptions,
     config_args,
@@ -103,6 +104,7 @@ from autotune.engine._variants import EngineVariant, engine_device, predict_vari
 __all__ = [
     "DEFAULT_CPU_KV_CACHE_GIB",
     "DEFAULT_TIMEOUT_S",
+    "DTYPES",
     "ENGINE_CLI",
     "FAULT_ENV",
     "HEALTH_POLL_S",

@@ -10,7 +10,6 @@ turns vLLM's late engine error into an early, named one.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 from collections.abc import Mapping
@@ -105,7 +104,9 @@ def model_config_json(name: str) -> dict[str, Any] | None:
         path = Path(cached) if isinstance(cached, str) else None
     if path is None or not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    from autotune.checkpoints._cache import read_json  # bounded in size, depth and number length
+
+    data = read_json(path, "config.json")
     return data if isinstance(data, dict) else None
 
 

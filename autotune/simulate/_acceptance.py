@@ -42,7 +42,7 @@ import numpy as np
 
 from autotune.errors import UsageError
 from autotune.simulate._requests import SimRequest
-from policies import AcceptanceProfile
+from policies import AcceptanceProfile, load_json_text
 
 __all__ = [
     "AcceptanceModel",
@@ -97,11 +97,11 @@ def load_traces(path: str | Path) -> list[RequestTrace]:
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = load_json_text(p.read_text(encoding="utf-8"))  # deep nesting and huge numbers: JSONDecodeError
     except OSError as exc:
         raise UsageError(f"{p}: cannot read traces ({exc.strerror or exc}).") from exc
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{p}: not valid JSON: {exc}.") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{p}: not valid JSON: {exc}.") from None
     raw = data.get("traces") if isinstance(data, Mapping) else data
     if not isinstance(raw, list):
         raise UsageError(

@@ -17,6 +17,15 @@ from autotune.workloads._parse import (
     parse_sharegpt,
 )
 from autotune.workloads._workload import Workload, WorkloadRequest
+from policies import BUILTIN_CLASSES, MAX_CLASSES
+
+#: Most classes a workload may have besides the built-in ones (code, math, chat): a served policy knows at most
+#: `policies.MAX_CLASSES` classes, the built-in ones among them, and `export --format policy` and `serve` give
+#: each class of the tuned workload its own cap. Checked when the workload is loaded, so a search never tunes for a
+#: workload its result cannot be served with.
+MAX_WORKLOAD_CLASSES = MAX_CLASSES - len(BUILTIN_CLASSES)
+#: The byte order mark some editors write at the start of a UTF-8 file; `json` refuses it, so it is skipped.
+BOM = "\ufeff"
 
 #: Workload class -> the published benchmark whose acceptance figures stand for it in the drafter catalog
 #: (`DrafterSpec.reference_acceptance` keys).
@@ -45,11 +54,18 @@ def _build(name: str, source: str, pairs: list[tuple[str, WorkloadRequest]]) -> 
     classes: dict[str, list[WorkloadRequest]] = {}
     for cls, request in pairs:
         classes.setdefault(cls, []).append(request)
+    known = classes.keys() | set(BUILTIN_CLASSES)
+    if len(known) > MAX_CLASSES:
+        raise WorkloadError(
+            f"{source}: the workload has {len(classes):,} classes, but a served policy knows at most {MAX_CLASSES} "
+            f"(the built-in {', '.join(BUILTIN_CLASSES)} among them: {len(known):,} here); merge classes into at "
+            f"most {MAX_WORKLOAD_CLASSES} besides those."
+        )
     return Workload(name, {c: tuple(r) for c, r in classes.items()}, source)
 
 
 def _read_text(path: Path) -> str:
-    """The file as UTF-8 text; a decoding error names the line it is on."""
+    """The file as UTF-8 text without a leading byte order mark; a decoding error names the line it is on."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -57,7 +73,7 @@ def _read_text(path: Path) -> str:
             f"{path}: cannot read the file ({exc.strerror or exc}); expected a readable JSONL or ShareGPT JSON file"
         ) from exc
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise WorkloadError(f"{path}:{line}: the file is not UTF-8 text ({exc.reason}); expected UTF-8 JSON") from exc

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from autotune.errors import WorkloadError
+from autotune.names import name_problem
 from autotune.workloads._workload import WorkloadRequest
 from policies import decode_json_at, load_json_text
+from policies.plugin.labels import MAX_LABEL_CHARS
 
 DEFAULT_CLASS = "default"
 #: Largest "max_tokens" a record may ask for: the longest context window of any released model (Llama 4 Scout,
@@ -23,7 +25,8 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 JSONL_EXPECTED = (
     'expected one JSON object per line with "prompt" (string) or "messages" (list of {"role", "content"} '
-    'strings), and optionally "class" (string, default "default"), "max_tokens" (integer > 0, <= 10,000,000), '
+    'strings), and optionally "class" (1 to 64 printable characters, default "default"), "max_tokens" (integer '
+    '> 0, <= 10,000,000), '
     '"temperature" (number >= 0), "id", "metadata"'
 )
 SHAREGPT_EXPECTED = (
@@ -88,6 +91,10 @@ def request_from_record(record: Any, where: str) -> tuple[str, WorkloadRequest]:
     cls = record.get("class", DEFAULT_CLASS)
     if not isinstance(cls, str) or not cls.strip():
         raise _fail(where, f'"class" must be a non-empty string, but got {json.dumps(cls)[:60]}')
+    # The label the scheduler plugin counts acceptance under: it takes 1..MAX_LABEL_CHARS printable characters.
+    problem = name_problem(cls.strip(), MAX_LABEL_CHARS)
+    if problem is not None:
+        raise _fail(where, f'"class" {json.dumps(cls)[:60]} {problem}')
     max_tokens = record.get("max_tokens", WorkloadRequest.max_tokens)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 < max_tokens <= MAX_TOKENS_LIMIT:
         shown = json.dumps(max_tokens)[:60]
