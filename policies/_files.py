@@ -102,7 +102,7 @@ class _BoundedLoader(yaml.SafeLoader):
         ``str()`` in a message fails)."""
         digits = len(node.value.lstrip("+-").replace("_", ""))
         value = super().construct_yaml_int(node) if digits <= JSON_MAX_INT_DIGITS else None
-        if value is None or abs(value).bit_length() > _MAX_INT_BITS:
+        if value is None or abs(value) >= _INT_LIMIT:
             raise YAMLDocumentError(
                 f"{_where(node.start_mark)}: an integer of {digits:,} characters is beyond the "
                 f"{JSON_MAX_INT_DIGITS:,} decimal digits Python reads; write a smaller number."
@@ -111,8 +111,8 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
-#: Largest integer `_BoundedLoader` reads, in bits: below 10 ** JSON_MAX_INT_DIGITS, so it can be printed.
-_MAX_INT_BITS = int(JSON_MAX_INT_DIGITS * 3.32)
+#: `_BoundedLoader` reads integers below this (at most `JSON_MAX_INT_DIGITS` decimal digits), so they can be printed.
+_INT_LIMIT = 10**JSON_MAX_INT_DIGITS
 
 
 def _where(mark: Any) -> str:
