@@ -55,3 +55,22 @@ def test_tables_in_the_doc_fit_80_columns() -> None:
             if line.startswith("─"):  # a table's header rule: the header, the rule and the rows fit
                 assert len(line) <= 80 and len(lines[i - 1]) <= 80, lines[i - 1]
     assert "…" not in text
+
+
+#: The quick start's first steps (search, show, the first export): what most of the page shows, in ~20 s. The whole
+#: `scripts/quickstart.py --check` (report and serve too) takes minutes on a shared machine.
+CHEAP_STEPS = 3
+
+
+def test_the_doc_is_what_its_first_commands_print_now(tmp_path: Path) -> None:
+    """docs/quickstart.md is stale when the commands print something else: regenerate it with
+    `.venv/bin/python scripts/quickstart.py` (this test reruns its first steps the way the script does)."""
+    module = script()
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    shown = re.findall(r"```console\n\$ (.*?)\n(.*?)\n```", text, flags=re.S)
+    home = tmp_path / "home"
+    home.mkdir()
+    for (command, output), (_, _, step) in zip(shown[:CHEAP_STEPS], module.STEPS, strict=False):
+        assert command == step
+        assert module.run(command, home).rstrip("\n") == output, (
+            f"docs/quickstart.md is stale at `{command}`: run `.venv/bin/python scripts/quickstart.py`")

@@ -208,7 +208,8 @@ def pick(
             return _closest(complete), False
         top = max(float(t.values[0]) for t in front)
         tied = [t for t in front if float(t.values[0]) >= top - abs(top) * TIE]
-        return min(tied, key=_tie_key(scenario, config_of)), True
+        key = _tie_key(scenario, config_of)
+        return min(tied, key=lambda t: (*key(t), -float(t.values[0]))), True
     meeting = [t for t in complete if feasible(t) and t.value is not None]
     if not meeting:
         return _closest(complete), False
@@ -217,7 +218,9 @@ def pick(
     top = sign * float(best.value)  # type: ignore[arg-type]
     margin = tie_margin(prediction_log_sigma(best))
     tied = [t for t in meeting if sign * float(t.value) >= top - abs(top) * margin]  # type: ignore[arg-type]
-    return min(tied, key=_tie_key(scenario, config_of)), True
+    key = _tie_key(scenario, config_of)
+    # Configs the tie key cannot tell apart (another drafter at the same K and max_num_seqs): the better figure.
+    return min(tied, key=lambda t: (*key(t), -sign * float(t.value))), True  # type: ignore[arg-type]
 
 
 def prediction_log_sigma(t: FrozenTrial) -> float:
