@@ -33,7 +33,8 @@ from autotune.export import policy_document
 from autotune.spec import SpecConfig
 from store import Store
 
-BEST = {"method": "draft_model", "drafter": "my-org/tiny-drafter", "num_speculative_tokens": 3,
+DRAFTER = "my-org/tiny-drafter"
+BEST = {"method": "draft_model", "drafter": DRAFTER, "num_speculative_tokens": 3,
         "parallel_drafting": True, "max_num_seqs": 16}
 #: A workload file name that, written raw after ``# ``, ends the comment and adds two keys to a YAML file.
 INJECTED = "w\nhost: 0.0.0.0\nport: 1\n#.jsonl"
@@ -63,7 +64,7 @@ def _sql(db: Path, statement: str, *params: Any) -> None:
         assert conn.execute(statement, params).rowcount >= 1
 
 
-def _database(path: Path, *, model: str = "my-org/tiny-target", drafter: str = BEST["drafter"]) -> int:
+def _database(path: Path, *, model: str = "my-org/tiny-target", drafter: str = DRAFTER) -> int:
     with Store(str(path)) as store:
         rec = store.add_recommendation(
             "my-org/tiny-target", gpu="cpu", objective="throughput", best_config=BEST, scenario={"concurrency": 4},
@@ -78,7 +79,7 @@ def _database(path: Path, *, model: str = "my-org/tiny-target", drafter: str = B
 
 def _record(db: Path, rec: int) -> dict[str, Any]:
     with Store(str(db)) as store:
-        return store.get_recommendation(rec).to_dict()  # type: ignore[no-any-return]
+        return store.get_recommendation(rec).to_dict()
 
 
 # ------------------------------------------------------------------------------------- exports: data, never syntax

@@ -118,7 +118,7 @@ def errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except click.exceptions.ClickException as exc:  # click's own (bad option values) quote what was typed
-            exc.message = terminal_text(exc.message)
+            setattr(exc, "message", terminal_text(exc.message))  # noqa: B010 (click declares it Final)
             raise
         except (click.exceptions.Abort, click.exceptions.Exit, BrokenPipeError):
             raise  # a reader that stopped reading (`| head`) ends the command quietly: see `quiet_broken_pipe`
