@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import re
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -29,7 +30,9 @@ from click.testing import CliRunner, Result
 
 from autotune.cli import main
 from autotune.engine import config_args, export_options, serve_command
+from autotune.errors import UsageError
 from autotune.export import policy_document
+from autotune.safe_io import check_target
 from autotune.spec import SpecConfig
 from store import Store
 
@@ -253,29 +256,43 @@ def test_report_never_writes_through_links(report_db: tuple[Path, list[str]], tm
     assert sorted(p.name for p in out.iterdir()) == names
 
 
-def _special(kind: str, tmp_path: Path) -> Path:
+def _special(kind: str, tmp_path: Path) -> tuple[Path, str]:
+    """A path that is not a regular file, and what the refusal calls it."""
     if kind == "fifo":
-        path = tmp_path / "pipe"
-        os.mkfifo(path)
-        return path
-    path = Path("/dev/full")
-    if not path.exists():
-        pytest.skip("no /dev/full here")
-    return path
+        os.mkfifo(tmp_path / "pipe")
+        return tmp_path / "pipe", "a FIFO"
+    if kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(tmp_path / "sock"))
+        server.close()  # the socket file stays
+        return tmp_path / "sock", "a socket"
+    # A writer that regressed would replace the device itself, as the issue's probe did: only where it cannot.
+    if os.access("/dev", os.W_OK) or not os.path.exists("/dev/full"):
+        pytest.skip("/dev is writable here (root): a regression would replace this machine's /dev/full")
+    return Path("/dev/full"), "a character device"
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-full"])
+@pytest.mark.parametrize("kind", ["fifo", "socket", "dev-full"])
 def test_export_refuses_a_non_regular_target_even_with_force(tmp_path: Path, kind: str) -> None:
     db = tmp_path / "p.db"
     _database(db)
-    target = _special(kind, tmp_path)
+    target, what = _special(kind, tmp_path)
     before = os.lstat(target)
     message = _one_line(_run("export", "--db", str(db), "--out", str(target), "--force"), 2)
-    what = "a FIFO" if kind == "fifo" else "a character device"
     assert message == (f"--out {target} is {what}, not a regular file; peagle-tune writes only regular files: "
                        "choose a file path.")
     after = os.lstat(target)
     assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_the_writer_refuses_dev_full_before_writing() -> None:
+    """The check alone (it writes nothing, so it is safe to run as root): /dev/full is refused even with force."""
+    with pytest.raises(UsageError) as refused:
+        check_target(Path("/dev/full"), force=True)
+    assert str(refused.value) == ("--out /dev/full is a character device, not a regular file; peagle-tune writes only "
+                                  "regular files: choose a file path.")
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
 
 
 def test_report_refuses_a_fifo_for_its_page(report_db: tuple[Path, list[str]], tmp_path: Path) -> None:
