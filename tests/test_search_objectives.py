@@ -12,7 +12,6 @@ import optuna
 import pytest
 
 from autotune.backends import speedup_log_sigma
-from autotune.backends.compare import tie_key
 from autotune.backends.model import ModelBackend
 from autotune.errors import UsageError
 from autotune.search import (
@@ -24,6 +23,7 @@ from autotune.search import (
     SearchSpace,
     measurement_metrics,
 )
+from autotune.search.compare import tie_key
 from autotune.search.result import tie_margin
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload

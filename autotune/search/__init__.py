@@ -10,6 +10,7 @@ Modules, from what is searched to how:
   the best is confirmed), `registry` (``--strategy NAME``), `profiles` (stored or new drafter profiles);
 - `study`: the loop (`Search`); `coordination`: sharing a study between workers (claim lock, heartbeats, storage);
   `trials` / `records`: our attributes of each trial and our store's copy of it; `events`: progress;
+- `compare`: pure trial comparison (each drafter variant's best config, the tie rule);
 - `result`: `ScenarioResult` and the rules that pick the recommendation (`depths` adds the schedule and per-class
   caps when the backend predicts);
 - `session`: the search command as an application service (resolve the inputs, one search per concurrency, store

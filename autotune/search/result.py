@@ -25,9 +25,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
+from autotune.search.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
 from autotune.search.schedule import ScheduleEntry
 from autotune.search.space import SearchSpace
@@ -106,7 +106,7 @@ class ScenarioResult:
     recommendation_id: int | None = None
     per_drafter: list[DrafterBest] = field(default_factory=list)
     """The best config of every drafter variant searched (drafter, layers, parallel drafting, hypothetical), fastest
-    first, with speedups over no speculation and over the best plain EAGLE-3 head (`autotune.backends.compare`)."""
+    first, with speedups over no speculation and over the best plain EAGLE-3 head (`autotune.search.compare`)."""
     stored_before: bool = False
     """The recommendation was already stored by an earlier run of the same study with the same result, so this run
     reported that one (`recommendation_id`) instead of storing a duplicate."""
@@ -284,7 +284,7 @@ def drafter_comparison(
     objective: Objective, complete: Sequence[FrozenTrial], space: SearchSpace, config_of: ConfigOf,
     concurrency: int | None = None,
 ) -> list[DrafterBest]:
-    """Every drafter variant's best config among `complete` (`autotune.backends.compare.per_drafter`), ranked by the
+    """Every drafter variant's best config among `complete` (`autotune.search.compare.per_drafter`), ranked by the
     objective: lowest TPOT p50 for latency, else highest tokens/s; trials meeting the SLOs first."""
     outcomes = []
     for t in complete:
@@ -309,7 +309,7 @@ def _closest(complete: Sequence[FrozenTrial]) -> FrozenTrial:
 
 
 def _tie_key(scenario: Scenario, config_of: ConfigOf) -> Callable[[FrozenTrial], tuple[bool, int, int, int]]:
-    """Among tied trials: `autotune.backends.compare.tie_key` of their configs at the scenario's concurrency."""
+    """Among tied trials: `autotune.search.compare.tie_key` of their configs at the scenario's concurrency."""
 
     def key(t: FrozenTrial) -> tuple[bool, int, int, int]:
         c = config_of(t)

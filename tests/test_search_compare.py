@@ -1,12 +1,12 @@
-"""autotune.backends.compare: the per-drafter comparison a search prints and returns as JSON `per_drafter`."""
+"""autotune.search.compare: the per-drafter comparison a search prints and returns as JSON `per_drafter`."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.backends.compare import DrafterBest, TrialOutcome, format_per_drafter, per_drafter
 from autotune.backends.model import ModelBackend
 from autotune.measurement import Measurement, Provenance
+from autotune.search.compare import DrafterBest, TrialOutcome, format_per_drafter, per_drafter
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 
