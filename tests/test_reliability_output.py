@@ -337,3 +337,22 @@ def test_a_full_disk_under_report_names_the_file(report_db: tuple[Path, list[str
     assert found and found[1] in names, message  # the first figure it tried to write, by its path
     assert (out / "index.html").read_text(encoding="utf-8") == "old page"
     assert sorted(p.name for p in out.iterdir()) == ["index.html"]
+
+
+def test_report_file_names_are_bounded_and_distinct_whatever_the_study_names(tmp_path: Path) -> None:
+    """A study name as long as its column (300 characters) made a figure name over the 255 bytes file systems take;
+    two names that differ only in punctuation ("a b", "a-b") shared one file, the second figure replacing the first."""
+    db = tmp_path / "r.db"
+    studies = ["s" * 300, "a b", "a-b"]
+    with Store(str(db)) as store:
+        for study in studies:
+            for number, tps in enumerate((100.0, 120.0)):
+                store.add_trial(study, number=number, model="my-org/tiny-target", config={**BEST, "max_num_seqs": 4},
+                                backend="model", provenance={"kind": "predicted"}, scenario={"concurrency": 4},
+                                values={"output_tokens_per_s": tps})
+    out = tmp_path / "out"
+    result = _run("report", "--db", str(db), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    figures = sorted(p.name for p in out.glob("*.png"))
+    assert len(figures) == len(studies)  # one trials figure per study, none replaced by another's
+    assert all(len(name.encode()) <= 124 for name in figures), figures
