@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autotune.engine import hijacking_substring, safe_draft_model_path
+from autotune.engine import safe_draft_model_path
+from autotune.engine._drafters import hijacking_substring
 
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

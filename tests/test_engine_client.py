@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from autotune.engine import PhaseLog, free_port, measure_over_http
+from autotune.engine._client import PhaseLog, measure_over_http
+from autotune.engine._process import free_port
 from autotune.workloads import WorkloadRequest
 
 web = pytest.importorskip("aiohttp.web", reason="aiohttp (installed with vLLM) is needed for the serve client")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine import EngineOptions, LaunchResult, poll_until, run_worker, start_process_group
+from autotune.engine import EngineOptions, LaunchResult, run_worker, start_process_group
+from autotune.engine._process import poll_until
 
 # Stands in for a job module: does what the job says (write a result, leave a child behind, exit, hang, signal).
 FAKE_WORKER = """

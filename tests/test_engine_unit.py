@@ -12,22 +12,21 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.engine import (
-    DEFAULT_CPU_KV_CACHE_GIB,
     ENGINE_CLI,
     EngineOptions,
-    classify_failure,
     config_args,
     export_options,
     mask_token,
-    root_cause,
     safe_draft_model_path,
-    serve_argv,
     serve_command,
     shell_line,
     snapshot_from_metrics,
-    snapshot_from_prometheus,
     spec_delta,
 )
+from autotune.engine._constants import DEFAULT_CPU_KV_CACHE_GIB
+from autotune.engine._counters import snapshot_from_prometheus
+from autotune.engine._failures import classify_failure, root_cause
+from autotune.engine._options import serve_argv
 from autotune.errors import ConfigError
 from autotune.export import render
 from autotune.spec import SpecConfig

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli.profile import profile as profile_command
-from autotune.engine import hijacking_substring, safe_draft_model_path
+from autotune.engine import safe_draft_model_path
+from autotune.engine._drafters import hijacking_substring
 from autotune.errors import ConfigError
 from autotune.profiling import (
     acceptance_per_class,

@@ -35,7 +35,8 @@ from test_engine_process import group_members
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
 from autotune.cli.serve import serve
-from autotune.engine import classify_failure, free_port
+from autotune.engine._failures import classify_failure
+from autotune.engine._process import free_port
 from autotune.engine._watchdog import (
     ENGINE_DIED,
     EngineCoreDied,

@@ -23,7 +23,8 @@ from click.testing import CliRunner, Result
 from test_serve_launch import MODEL, add_profile, add_recommendation
 
 from autotune.cli.serve import serve
-from autotune.engine import drafter_alias_dir, safe_draft_model_path, user_private_root
+from autotune.engine import safe_draft_model_path, user_private_root
+from autotune.engine._drafters import drafter_alias_dir
 from autotune.errors import PrivateDirectoryError
 from autotune.serving import ServeLaunch, build_launch, default_run_dir, resolve_tuned_config
 from store import Store

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from autotune.backends.vllm import vllm_available
-from autotune.engine import free_port, kill_process_group
+from autotune.engine import kill_process_group
+from autotune.engine._process import free_port
 from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
 from policies import ClassPolicy, PolicyFile, RequestPolicy, StepCostModel
 from policies.plugin import PluginStats

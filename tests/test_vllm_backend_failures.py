@@ -13,7 +13,7 @@ import pytest
 from test_engine_process import group_members
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
-from autotune.engine import FAULT_ENV
+from autotune.engine._harness import FAULT_ENV
 from autotune.measurement import Measurement
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
