@@ -153,19 +153,27 @@ class StepTime:
         """What limits most of the target pass: "memory" (bytes) or "compute" (FLOPs)."""
         return self.verify.bound
 
-    def breakdown(self) -> dict[str, float]:
-        """What the (uncalibrated) step time is made of, ms; the values sum to `total_ms`: the target's non-expert
-        weights with its logits and sampler (weights), its MoE experts (experts), attention over the KV cache
-        (attention_kv), the drafter's passes (drafter) and every fixed per-step, per-request, per-layer and
-        per-pass host and launch cost (fixed_overhead)."""
+    def breakdown(self, calibration: Calibration | None = None) -> dict[str, float]:
+        """What the step time is made of, ms; the values sum to `calibrated_ms` (`total_ms` without a
+        `calibration`): the target's non-expert weights with its logits and sampler (weights), its MoE experts
+        (experts), attention over the KV cache (attention_kv), the drafter's passes (drafter) and every fixed
+        per-step, per-request, per-layer and per-pass host and launch cost (fixed_overhead). A calibration scales
+        each part by the scale of its side (verify or draft) and adds its offset to the fixed overhead."""
         parts = dict(self.verify.components)
-        return {
-            "weights": parts.get("weights", 0.0) + parts.get("sampler", 0.0),
-            "experts": parts.get("experts", 0.0),
-            "attention_kv": parts.get("attention_kv", 0.0),
-            "drafter": self.draft_ms,
-            "fixed_overhead": self.overhead_ms,
+        cal = calibration or Calibration()
+        sv, sd = cal.scale_verify, cal.scale_draft
+        out = {
+            "weights": sv * (parts.get("weights", 0.0) + parts.get("sampler", 0.0)),
+            "experts": sv * parts.get("experts", 0.0),
+            "attention_kv": sv * parts.get("attention_kv", 0.0),
+            "drafter": sd * self.draft_ms,
+            "fixed_overhead": sv * (self.verify.overhead_ms + self.spec_overhead_ms)
+            + sd * self.draft.cost.overhead_ms + cal.overhead_ms,
         }
+        total, step = sum(out.values()), self.calibrated_ms(calibration)
+        if calibration is not None and total > 0 and not math.isclose(total, step):  # the calibration's floor
+            out = {key: value * step / total for key, value in out.items()}
+        return out
 
     def calibrated_ms(self, calibration: Calibration | None) -> float:
         if calibration is None:

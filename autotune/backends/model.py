@@ -603,7 +603,7 @@ class ModelBackend(Backend):
                     + cal.scale_draft * st.draft.cost.overhead_ms
                     + cal.overhead_ms,
                     "bound": st.bound,
-                    "step_breakdown_ms": st.breakdown(),
+                    "step_breakdown_ms": st.breakdown(self.calibration),
                     "draft_passes": st.draft.passes,
                     "experts_per_layer": expected_distinct_experts(
                         self.model.num_experts,

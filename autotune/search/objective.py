@@ -179,4 +179,28 @@ def measurement_metrics(m: Measurement) -> dict[str, Any]:
         out["acceptance_length"] = m.extra["acceptance_length"]
     if m.speedup_vs_no_spec is not None:
         out["speedup_vs_no_spec"] = m.speedup_vs_no_spec
+    if m.provenance.kind == "predicted":
+        out.update(prediction_figures(m.extra, out.get("speedup_vs_no_spec")))
     return out
+
+
+#: What a prediction says about itself (`autotune.backends.model`): the spread of its speedup, and what its step time
+#: is made of and which bound applies.
+PREDICTION_KEYS = ("prediction_log_sigma", "step_ms", "step_breakdown_ms", "bound")
+
+
+def prediction_figures(extra: Mapping[str, Any], speedup: float | None) -> dict[str, Any]:
+    """A predicted trial's own figures kept beside its metrics: ``prediction_log_sigma`` (one sigma, log scale),
+    ``speedup_range`` (`speedup` x exp(-sigma) .. x exp(+sigma)), ``step_ms`` with ``step_breakdown_ms`` (ms, summing
+    to it) and ``bound`` ("memory" or "compute"); only those the backend gave."""
+    out = {key: extra[key] for key in PREDICTION_KEYS if key in extra}
+    sigma = out.get("prediction_log_sigma")
+    if isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0 and isinstance(speedup, (int, float)) \
+            and math.isfinite(speedup):
+        out["speedup_range"] = speedup_range(float(speedup), float(sigma))
+    return out
+
+
+def speedup_range(speedup: float, log_sigma: float) -> list[float]:
+    """One sigma each side of a predicted speedup (log scale): ``[speedup * exp(-sigma), speedup * exp(sigma)]``."""
+    return [speedup * math.exp(-log_sigma), speedup * math.exp(log_sigma)]

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
 from autotune.search.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
-from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
+from autotune.search.objective import MissingFigureError, Objective, measurement_metrics, speedup_range
 from autotune.search.schedule import ScheduleEntry
 from autotune.search.space import SearchSpace
 from autotune.search.trials import counted, feasible, trial_config, trial_info, trial_measurement, violation
@@ -143,6 +143,9 @@ class ScenarioResult:
             "n_pruned": self.n_pruned,
             "n_excluded": self.n_excluded,
         }
+        speedup, sigma = metrics["speedup_vs_no_spec"], metrics.get("prediction_log_sigma")
+        if "speedup_range" in metrics:  # around the speedup over the baseline trial, the one shown
+            metrics["speedup_range"] = None if speedup is None else speedup_range(speedup, sigma)
         if self.constraints:
             metrics["constraints"] = self.constraints
         if self.hypothetical:
