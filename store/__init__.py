@@ -6,7 +6,6 @@ in the same database (``optuna.create_study(storage=store.url)``). Configs and m
 
 from __future__ import annotations
 
-from store._errors import database_error
 from store._migrate import head_revision
 from store._records import (
     DrafterRecord,
@@ -20,6 +19,7 @@ from store._records import (
 )
 from store._store import Store, upgrade
 from store._studies import Direction
+from store._translate import database_error
 from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
 from store._validate import NAME_CHARS as MAX_NAME_CHARS
 from store.exceptions import (
@@ -31,7 +31,7 @@ from store.exceptions import (
     DatabaseUnavailableError,
     DuplicateRecordError,
     InvalidRecordError,
-    NotFoundError,
+    RowNotFoundError,
     StaleSchemaError,
     StoreError,
 )
@@ -51,9 +51,9 @@ __all__ = [
     "InvalidRecordError",
     "MAX_NAME_CHARS",
     "ModelRecord",
-    "NotFoundError",
     "ProfileRecord",
     "RecommendationRecord",
+    "RowNotFoundError",
     "StaleSchemaError",
     "Store",
     "StoreError",

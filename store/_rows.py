@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from store import _validate as v
 from store._bad_rows import BadRowError, checked
-from store.exceptions import NotFoundError
+from store.exceptions import RowNotFoundError
 
 RowT = TypeVar("RowT")
 RecordT = TypeVar("RecordT")
@@ -69,18 +69,18 @@ def get_or_create(session: Session, query: Select[RowT], create: Callable[[], Ro
 
 
 def get_row(session: Session, table: type[RowT], row_id: int, missing: str) -> RowT:
-    """The row of `table` with primary key `row_id`; `NotFoundError(missing)` when there is none."""
+    """The row of `table` with primary key `row_id`; `RowNotFoundError(missing)` when there is none."""
     row = session.get(table, row_id)
     if row is None:
-        raise NotFoundError(missing)
+        raise RowNotFoundError(missing)
     return row
 
 
 def named_row(session: Session, table: type[RowT], name: str, missing: str) -> RowT:
-    """The row of `table` whose unique `name` column is `name`; `NotFoundError(missing)` when there is none."""
+    """The row of `table` whose unique `name` column is `name`; `RowNotFoundError(missing)` when there is none."""
     row = session.scalars(select(table).filter_by(name=name)).first()
     if row is None:
-        raise NotFoundError(missing)
+        raise RowNotFoundError(missing)
     return row
 
 

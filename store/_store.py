@@ -4,7 +4,7 @@ Configs, scenarios and metrics go in and come out as JSON dicts; what they mean 
 Each table's reads and writes live in its repository (`_environments`, `_workloads`, `_catalog`, `_profiles`,
 `_trials`, `_recommendations`); `Store` exposes their methods as its own (``store.add_trial`` is
 `Trials.add_trial`). Every call opens a short session through `Store._session`, and `Store._translated` is the one
-place where SQLAlchemy errors become `StoreError`s (the words are in `_errors`). Each repository call is one
+place where SQLAlchemy errors become `StoreError`s (the words are in `_translate`). Each repository call is one
 transaction: a write that fails (locked, disk full, damaged file) is rolled back whole.
 """
 
@@ -23,7 +23,6 @@ from store._bad_rows import BadRowError
 from store._catalog import Drafters, Models
 from store._engine import open_engine
 from store._environments import Environments
-from store._errors import read_only_message, translate
 from store._migrate import (
     SchemaState,
     current_revision,
@@ -33,6 +32,7 @@ from store._migrate import (
 )
 from store._profiles import Profiles
 from store._recommendations import Recommendations
+from store._translate import read_only_message, translate
 from store._trials import Trials
 from store._url import default_db_url, mask_password, normalize_db_url, parse_db_url
 from store._workloads import Workloads

@@ -19,8 +19,8 @@ class StaleSchemaError(StoreError):
     """
 
 
-class NotFoundError(StoreError, LookupError):
-    """No record with the requested id or name."""
+class RowNotFoundError(StoreError, LookupError):
+    """No row with the requested id or name (the CLI reports it like `autotune.errors.NotFoundError`, exit 3)."""
 
 
 class DatabaseUnavailableError(StoreError):

@@ -16,9 +16,9 @@ from sqlalchemy import select
 
 from store import (
     InvalidRecordError,
-    NotFoundError,
     ProfileRecord,
     RecommendationRecord,
+    RowNotFoundError,
     Store,
     StoreError,
     TrialRecord,
@@ -128,7 +128,7 @@ def test_upsert_model_creates_then_updates_only_given_fields(store: Store) -> No
     record = store.get_model("gpt-oss-20b")
     assert record.hf_id == "openai/gpt-oss-20b"  # kept: the update passed hf_id=None
     assert record.info == {"params_b": 21, "moe": True}
-    with pytest.raises(NotFoundError, match="upsert_model"):
+    with pytest.raises(RowNotFoundError, match="upsert_model"):
         store.get_model("unknown")
 
 
@@ -238,9 +238,9 @@ def _id(record: ProfileRecord | RecommendationRecord | None) -> int | None:
 
 
 def test_profile_needs_existing_environment_and_workload(store: Store) -> None:
-    with pytest.raises(NotFoundError, match="No environment with id 999"):
+    with pytest.raises(RowNotFoundError, match="No environment with id 999"):
         _profile(store, environment_id=999)
-    with pytest.raises(NotFoundError, match="No workload with id 999"):
+    with pytest.raises(RowNotFoundError, match="No workload with id 999"):
         _profile(store, workload_id=999)
     assert store.list_profiles() == []
 
@@ -268,7 +268,7 @@ def test_profile_rejects_malformed_values(store: Store, overrides: dict[str, Any
 
 
 def test_get_profile_unknown_id(store: Store) -> None:
-    with pytest.raises(NotFoundError, match="No profile with id 42"):
+    with pytest.raises(RowNotFoundError, match="No profile with id 42"):
         store.get_profile(42)
 
 
@@ -306,7 +306,7 @@ def test_trial_round_trip_and_update(store: Store) -> None:
 
     failed = _trial(store, 1, status="failed", values={}, failure_reason="CUDA out of memory at K=8")
     assert store.get_trial(failed).failure_reason == "CUDA out of memory at K=8"
-    with pytest.raises(NotFoundError):
+    with pytest.raises(RowNotFoundError):
         store.update_trial(9999, status="failed")
 
 
@@ -431,7 +431,7 @@ def test_recommendations_newest_first_and_latest_filters(store: Store) -> None:
 
 
 def test_get_recommendation_unknown_id_says_how_to_list(store: Store) -> None:
-    with pytest.raises(NotFoundError) as info:
+    with pytest.raises(RowNotFoundError) as info:
         store.get_recommendation(7)
     assert str(info.value) == "No recommendation with id 7. List them with `peagle-tune show`."
 

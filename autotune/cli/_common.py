@@ -112,8 +112,7 @@ def errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from policies import PolicyError, PolicyFileError
-        from store import NotFoundError as StoreNotFoundError
-        from store import StoreError
+        from store import RowNotFoundError, StoreError
 
         try:
             return fn(*args, **kwargs)
@@ -125,7 +124,7 @@ def errors(fn: F) -> F:
         except Exception as exc:
             if debug_enabled():
                 raise
-            if isinstance(exc, NotFoundError | StoreNotFoundError):
+            if isinstance(exc, NotFoundError | RowNotFoundError):
                 raise NotFoundFailure(one_line(str(exc))) from exc
             if isinstance(exc, UsageError | PolicyFileError):
                 raise UsageFailure(one_line(str(exc))) from exc
