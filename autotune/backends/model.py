@@ -13,47 +13,33 @@ from measured `AcceptanceProfile`s when given. Then, for a batch of B requests v
 
 Every `Measurement` it returns says ``Provenance(kind="predicted", backend="model", ...)`` with the acceptance
 source and the step-cost source in ``profile``.
+
+`ModelBackend` composes the parts: `_shape` (what a prediction needs of a workload), `_acceptance` (AL(K) per class
+and mixed), `_memory` (does it fit), `_batching` (requests per step, prompt work per step) and `_figures` (the
+step's parts and the warnings a prediction carries).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from autotune.backends._drafter_cost import drafter_weight_params, request_kv_bytes
-from autotune.backends._roofline import (
-    RooflineParams,
-    expected_distinct_experts,
-    routed_tokens,
-    scaled_gpu,
-    speedup_log_sigma,
-    target_pass,
-)
-from autotune.backends._step import (
-    Calibration,
-    StepTime,
-    fit_calibration,
-    prefill_ms,
-    step_time,
-)
+from autotune.backends._acceptance import WorkloadAcceptance, workload_acceptance
+from autotune.backends._batching import batch_size, prompt_ms_per_step, step_slots
+from autotune.backends._drafter_cost import request_kv_bytes
+from autotune.backends._figures import prediction_warnings, roofline_figures
+from autotune.backends._memory import predicted_fit
+from autotune.backends._roofline import RooflineParams, scaled_gpu, speedup_log_sigma, target_pass
+from autotune.backends._shape import WorkloadShape
+from autotune.backends._step import Calibration, StepTime, fit_calibration, prefill_ms, step_time
 from autotune.backends.base import Backend, Capabilities
-from autotune.catalogs import (
-    DrafterSpec,
-    GPUSpec,
-    ModelSpec,
-    default_gpu,
-    get_drafter,
-    get_gpu,
-    reference_survival,
-    resolve_model,
-)
+from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec, default_gpu, get_drafter, get_gpu, resolve_model
 from autotune.errors import ConfigError, PeagleError, UsageError
-from autotune.fit import MemoryFit, check_gpu_fit
+from autotune.fit import MemoryFit
 from autotune.measurement import Measurement, Provenance
-from autotune.spec import MAX_K, Scenario, SpecConfig
-from autotune.workloads import REFERENCE_FOR_CLASS, Workload
+from autotune.spec import Scenario, SpecConfig
+from autotune.workloads import Workload
 from policies import AcceptanceProfile
 
 __all__ = [
@@ -73,98 +59,6 @@ class StepCostPredictor(Protocol):
     def predict(self, batch_size: int, depth: int) -> float:
         """Step time in ms of B requests verifying `depth` drafts each."""
         ...
-
-
-@dataclass(frozen=True)
-class WorkloadShape:
-    """What the prediction needs of a workload: request counts, mean output per class and token lengths.
-
-    Prompt lengths are estimated from text (``chars / RooflineParams.chars_per_token``); output lengths are the
-    requests' ``max_tokens`` (a request is assumed to generate all of them).
-    """
-
-    requests_by_class: dict[str, int]
-    output_tokens_by_class: dict[str, float]
-    prompt_tokens: float
-    """Mean prompt length, tokens."""
-    output_tokens: float
-    """Mean output length, tokens."""
-    max_prompt_tokens: int
-    max_output_tokens: int
-
-    @property
-    def context_tokens(self) -> float:
-        """Mean context of a decoding request: prompt plus half the output (tokens)."""
-        return self.prompt_tokens + self.output_tokens / 2.0
-
-    @property
-    def max_context_tokens(self) -> int:
-        return self.max_prompt_tokens + self.max_output_tokens
-
-    @classmethod
-    def of(cls, workload: Workload, params: RooflineParams) -> WorkloadShape:
-        counts: dict[str, int] = {}
-        outputs: dict[str, float] = {}
-        prompts: list[float] = []
-        outs: list[int] = []
-        for name, requests in workload.classes.items():
-            if not requests:
-                continue
-            counts[name] = len(requests)
-            outputs[name] = sum(r.max_tokens for r in requests) / len(requests)
-            prompts.extend(max(len(r.text()) / params.chars_per_token, 1.0) for r in requests)
-            outs.extend(r.max_tokens for r in requests)
-        if not prompts:
-            # An empty workload still has a class mix (names only): assume the default lengths.
-            names = list(workload.classes) or ["chat"]
-            default_out = float(params.default_output_tokens)
-            return cls(
-                {c: 1 for c in names},
-                {c: default_out for c in names},
-                float(params.default_prompt_tokens),
-                default_out,
-                params.default_prompt_tokens,
-                params.default_output_tokens,
-            )
-        return cls(
-            counts,
-            outputs,
-            sum(prompts) / len(prompts),
-            sum(outs) / len(outs),
-            int(math.ceil(max(prompts))),
-            max(outs),
-        )
-
-
-@dataclass
-class _Acceptance:
-    """AL(K) of a workload: per-class profiles, their sources, and the token weights used to mix them."""
-
-    profiles: dict[str, AcceptanceProfile]
-    sources: dict[str, str]
-    token_weights: dict[str, float]
-    warnings: list[str] = field(default_factory=list)
-
-    def by_class(self, k: int) -> dict[str, float]:
-        return {c: p.acceptance_length(k) for c, p in self.profiles.items()}
-
-    def length(self, k: int) -> float:
-        """Mixed AL(K): total output tokens / total request-steps.
-
-        A class c with token share w_c needs w_c / AL_c(K) request-steps per output token, so
-        ``AL = sum_c w_c / sum_c (w_c / AL_c)`` -- the token-weighted harmonic mean. It equals averaging the
-        survival curves with weights = each class's share of drafts (`policies.mix`): a class that accepts more
-        finishes its requests in fewer steps and so holds fewer batch slots.
-        Example: chat AL 2 and code AL 4 with equal tokens -> 2 / (1/2 + 1/4) = 2.67, not 3.
-        """
-        if k == 0:
-            return 1.0
-        als = self.by_class(k)
-        total = sum(self.token_weights.values())
-        return total / sum(w / als[c] for c, w in self.token_weights.items())
-
-    def label(self) -> str:
-        return ", ".join(sorted(set(self.sources.values())))
 
 
 class ModelBackend(Backend):
@@ -307,31 +201,13 @@ class ModelBackend(Backend):
         keeps full-context KV in each of its layers with the target's heads). The message names the
         --tensor-parallel-size or --max-num-seqs that would fit."""
         drafter = self.drafter_for(config) if config.speculative and config.k > 0 else None
-        model = self.model
-        heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_kv_heads,
-                 "head_dim": model.head_dim}
-        sliding = round(model.num_layers * model.sliding_window_layer_fraction) if model.sliding_window else 0
-        layer_types = ["sliding_attention"] * sliding + ["full_attention"] * (model.num_layers - sliding)
-        target_config = {"num_hidden_layers": model.num_layers, **heads, "sliding_window": model.sliding_window,
-                         "layer_types": layer_types}
-        drafter_bytes = 0
-        if drafter is not None:
-            stored = drafter_weight_params(drafter, model, self.params)[1]
-            drafter_bytes = int(stored * self.params.drafter_bytes_per_param)
-        return check_gpu_fit(
-            model=model.name, target_weight_bytes=int(model.weight_bytes()), target_config=target_config,
-            drafter_weight_bytes=drafter_bytes,
-            drafter_config={"num_hidden_layers": drafter.num_layers, **heads} if drafter is not None else None,
-            max_model_len=max(int(tokens), 1), max_num_seqs=max(sequences, 1),
-            device_memory_bytes=int(self._base_gpu.memory_gb * 1e9), device_name=self._base_gpu.display_name,
-            tensor_parallel_size=self.tp, kv_dtype_bytes=max(int(model.kv_bytes_per_element), 1),
-        )
+        return predicted_fit(self.model, drafter, self._base_gpu, self.tp, self.params, sequences, tokens)
 
     def workload_fit(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> MemoryFit:
         """`memory_fit` as `measure` checks it: the requests one step holds at `scenario` (`_slots`), each at the
         workload's longest sequence (prompt + output + K + 1 tokens)."""
         shape = WorkloadShape.of(workload, self.params)
-        slots = max(self._slots(config, scenario, config.k), 1)
+        slots = max(step_slots(config, scenario, config.k), 1)
         return self.memory_fit(config, slots, self._sequence_tokens(shape, config.k))
 
     @staticmethod
@@ -352,7 +228,7 @@ class ModelBackend(Backend):
         not fit in memory) come back as ``Measurement.failed``."""
         shape = WorkloadShape.of(workload, self.params)
         drafter: DrafterSpec | None = None
-        acceptance: _Acceptance | None = None
+        acceptance: WorkloadAcceptance | None = None
         try:
             if config.speculative:
                 drafter = self.drafter_for(config)
@@ -364,7 +240,7 @@ class ModelBackend(Backend):
         k = config.k
         context = self._context(None, shape)
 
-        slots = self._slots(config, scenario, k)
+        slots = step_slots(config, scenario, k)
         if slots < 1:
             return Measurement.failed(
                 config,
@@ -390,14 +266,15 @@ class ModelBackend(Backend):
             st = step_time(self.model, self.gpu, b, kk, drafter, config.parallel_drafting, context, self.params)
             return st.calibrated_ms(self.calibration)
 
-        batch, saturated = self._batch(scenario, slots, k, al, step_ms, shape)
+        batch, saturated = batch_size(scenario, slots, k, al, step_ms, shape)
         step = step_ms(batch, k)
         length = al(k)
-        tokens_per_s = batch * length / (step + self._prompt_ms_per_step(batch, k, length, shape)) * 1000.0
+        tokens_per_s = batch * length / (step + prompt_ms_per_step(self.cost_model, batch, k, length, shape)) * 1000.0
         tpot = step / length
-        base_batch, _ = self._batch(scenario, self._slots(config, scenario, 0), 0, al, step_ms, shape)
+        base_batch, _ = batch_size(scenario, step_slots(config, scenario, 0), 0, al, step_ms, shape)
         base_step = step_ms(base_batch, 0)
-        base_tokens_per_s = base_batch / (base_step + self._prompt_ms_per_step(base_batch, 0, 1.0, shape)) * 1000.0
+        base_prompt_ms = prompt_ms_per_step(self.cost_model, base_batch, 0, 1.0, shape)
+        base_tokens_per_s = base_batch / (base_step + base_prompt_ms) * 1000.0
         if scenario.request_rate is not None and not saturated:
             # Open loop below capacity: both serve the offered load; the gain is per-request decode speed.
             offered = scenario.request_rate * shape.output_tokens
@@ -419,7 +296,7 @@ class ModelBackend(Backend):
             queue_ms = (scenario.concurrency / batch - 1.0) * duration_ms
         ttft = queue_ms + prefill + step / 2.0  # joins the running step halfway on average
 
-        extra = self._extra(config, shape, acceptance, batch, context, step, length, memory)
+        extra = self._extra(config, drafter, shape, acceptance, batch, context, step, length, memory)
         if self.cost_model is None and config.speculative:
             # The spread of the calibration's residuals (autotune/backends/roofline.yaml), one sigma each side.
             sigma = speedup_log_sigma()
@@ -448,25 +325,6 @@ class ModelBackend(Backend):
         )
 
     # ---- internals -------------------------------------------------------------------------------------------
-    def _prompt_ms_per_step(self, batch: int, k: int, length: float, shape: WorkloadShape) -> float:
-        """Prompt processing per decode step, ms, for a fitted (measured) cost model; 0 for the roofline.
-
-        Closed loop at B requests: while a request generates its O output tokens (O / AL steps) the B running
-        requests are replaced once on average, and each newcomer's P prompt tokens ride in a decode step at the
-        fit's marginal cost per token. So every decode step carries B * AL / O of a prompt: on short outputs
-        (the CPU fixtures: 48 tokens) prompts are a large share of the wall time. The roofline's constants were
-        fitted to published end-to-end throughput, which already absorbs prompt processing.
-        """
-        model = self.cost_model
-        predict_tokens = getattr(model, "predict_tokens", None)
-        if model is None or predict_tokens is None or shape.output_tokens <= 0:
-            return 0.0
-        verified = batch * (k + 1)
-        prompt = max(int(round(shape.prompt_tokens)), 1)
-        marginal = float(predict_tokens(batch, verified + prompt, k > 0, k)) - float(
-            predict_tokens(batch, verified, k > 0, k))
-        return max(marginal, 0.0) * batch * length / shape.output_tokens
-
     def _find_drafter(self, name: str) -> DrafterSpec:
         wanted = name.strip().lower()
         for d in self.drafters:
@@ -486,88 +344,20 @@ class ModelBackend(Backend):
             return shape.context_tokens
         return float(self.params.default_context_tokens)
 
-    def _acceptance(self, drafter: DrafterSpec, shape: WorkloadShape) -> _Acceptance:
-        use_override = bool(self.acceptance) and (
-            self.acceptance_drafter is None or self.acceptance_drafter in (drafter.name, drafter.local_path)
-        )
-        refs = drafter.reference_acceptance
-        profiles: dict[str, AcceptanceProfile] = {}
-        sources: dict[str, str] = {}
-        warnings: list[str] = []
-        for cls in shape.requests_by_class:
-            if use_override and cls in self.acceptance:
-                profiles[cls] = self.acceptance[cls]
-                sources[cls] = self.profile_label
-                continue
-            dataset = cls if cls in refs else REFERENCE_FOR_CLASS.get(cls)
-            if dataset not in refs:
-                if not refs:
-                    raise ConfigError(
-                        f"drafter {drafter.name} has no published acceptance (catalog reference_acceptance is "
-                        f"empty) and no measured profile covers class {cls!r}, so its speedup cannot be "
-                        "predicted. Profile it with the vllm backend, or pass a measured profile "
-                        "(ModelBackend(acceptance={...}))."
-                    )
-                # Unknown class: the lowest published acceptance (open chat, usually) is the cautious guess.
-                dataset = min(refs, key=lambda d: refs[d]["acceptance_length"] / (refs[d]["k"] + 1))
-                warnings.append(
-                    f"class {cls!r} maps to no reference benchmark ({dict(REFERENCE_FOR_CLASS)}); assumed "
-                    f"{dataset}, the drafter's lowest published acceptance."
-                )
-            ref = refs[str(dataset)]
-            profiles[cls] = AcceptanceProfile.from_survival(reference_survival(ref, MAX_K), num_drafts=100_000)
-            sources[cls] = f"published:{dataset}@K={ref['k']}"
-            if "nearest" in ref:
-                sources[cls] = f"published:{ref['nearest']}@K={ref['k']} in place of {dataset}"
-                warnings.append(
-                    f"{drafter.name} has no published acceptance on {dataset}; the nearest published workload, "
-                    f"{ref['nearest']}, is used."
-                )
-        total = sum(shape.requests_by_class.values())
-        weights = {c: n / total * shape.output_tokens_by_class[c] for c, n in shape.requests_by_class.items()}
-        return _Acceptance(profiles, sources, weights, warnings)
+    def _acceptance(self, drafter: DrafterSpec, shape: WorkloadShape) -> WorkloadAcceptance:
+        return workload_acceptance(drafter, shape, self.acceptance, self.acceptance_drafter, self.profile_label)
 
-    def _provenance(self, acceptance: _Acceptance | None) -> Provenance:
+    def _provenance(self, acceptance: WorkloadAcceptance | None) -> Provenance:
         parts = [acceptance.label()] if acceptance is not None else []
         parts.append(self.step_cost_source)
         return Provenance(kind="predicted", backend="model", device=self.device, profile="; ".join(parts))
 
-    @staticmethod
-    def _slots(config: SpecConfig, scenario: Scenario, k: int) -> int:
-        """Requests one step can hold: min(concurrency, max_num_seqs) (closed loop; max_num_seqs for an open
-        loop), and at most max_num_batched_tokens // (K + 1), since each request verifies K + 1 tokens. 0 when
-        not even one request fits."""
-        slots = (
-            config.max_num_seqs if scenario.request_rate is not None else min(scenario.concurrency, config.max_num_seqs)
-        )
-        if config.max_num_batched_tokens is not None:
-            slots = min(slots, config.max_num_batched_tokens // (k + 1))
-        return slots
-
-    def _batch(
-        self,
-        scenario: Scenario,
-        slots: int,
-        k: int,
-        al: Callable[[int], float],
-        step_ms: Callable[[int, int], float],
-        shape: WorkloadShape,
-    ) -> tuple[int, bool]:
-        """Requests per step: closed loop min(concurrency, slots); open loop the smallest batch whose request
-        throughput meets the offered rate (Little's law), or all slots when even that cannot (saturated)."""
-        if scenario.request_rate is None:
-            return slots, False
-        for b in range(1, slots + 1):
-            requests_per_s = b * al(k) / step_ms(b, k) * 1000.0 / max(shape.output_tokens, 1.0)
-            if requests_per_s >= scenario.request_rate:
-                return b, False
-        return slots, True
-
     def _extra(
         self,
         config: SpecConfig,
+        drafter: DrafterSpec | None,
         shape: WorkloadShape,
-        acceptance: _Acceptance | None,
+        acceptance: WorkloadAcceptance | None,
         batch: int,
         context: float,
         step: float,
@@ -590,46 +380,10 @@ class ModelBackend(Backend):
             extra["acceptance_by_class"] = acceptance.by_class(config.k)
             extra["acceptance_sources"] = dict(acceptance.sources)
         if self.cost_model is None:
-            drafter = self.drafter_for(config) if config.speculative else None
-            st = step_time(
-                self.model, self.gpu, batch, config.k, drafter, config.parallel_drafting, context, self.params
-            )
-            cal = self.calibration or Calibration()
-            extra.update(
-                {
-                    "verify_ms": cal.scale_verify * st.verify_ms,
-                    "draft_ms": cal.scale_draft * st.draft_ms,
-                    "overhead_ms": cal.scale_verify * (st.verify.overhead_ms + st.spec_overhead_ms)
-                    + cal.scale_draft * st.draft.cost.overhead_ms
-                    + cal.overhead_ms,
-                    "bound": st.bound,
-                    "step_breakdown_ms": st.breakdown(self.calibration),
-                    "draft_passes": st.draft.passes,
-                    "experts_per_layer": expected_distinct_experts(
-                        self.model.num_experts,
-                        self.model.experts_per_token,
-                        min(routed_tokens(batch, config.k, self.params.routing_locality), batch * (config.k + 1)),
-                    ),
-                    "kv_read_gb_per_step": st.verify.kv_bytes / 1e9,
-                    "weights_read_gb_per_step": st.verify.weight_bytes / 1e9,
-                }
-            )
-        warnings = list(acceptance.warnings) if acceptance is not None else []
-        if config.speculative:
-            drafter = self.drafter_for(config)
-            if drafter.trained_k is not None and config.k > drafter.trained_k:
-                warnings.append(
-                    f"K={config.k} exceeds the {drafter.trained_k} positions {drafter.name} was trained for: "
-                    "acceptance beyond them is extrapolated and likely lower."
-                )
-            if not drafter.published:
-                warnings.append(f"{drafter.name} is hypothetical: {drafter.source[:160]}")
-            published = acceptance is not None and any(v.startswith("published") for v in acceptance.sources.values())
-            if drafter.parallel_drafting and not config.parallel_drafting and published:
-                warnings.append(
-                    f"{drafter.name} is a parallel-drafting head run sequentially: its acceptance in that mode is "
-                    "not published; its parallel-drafting acceptance is assumed."
-                )
+            extra.update(roofline_figures(
+                self.model, self.gpu, self.params, self.calibration, config, drafter, batch, context
+            ))
+        warnings = prediction_warnings(config, drafter, acceptance)
         if warnings:
             extra["warnings"] = warnings
         return extra
