@@ -9,16 +9,20 @@ the table or in the ``--wide`` columns. Cells never hold raw JSON.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement as RichMeasurement
 from rich.table import Table
 from rich.text import Text
 
 from autotune.search import ScenarioResult, SearchRun, measurement_metrics
+from autotune.search.objective import speedup_range
 from autotune.selection import NO_TAIL, objective_label, slo_words
 from autotune.spec import SpecConfig
 
@@ -33,6 +37,72 @@ WIDE = 160
 def fmt(x: float | None, spec: str = ".1f", suffix: str = "") -> str:
     """A number for a cell: ``-`` when there is none."""
     return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def speedup_cell(speedup: float | None, log_sigma: float | None = None, *, with_range: bool = True) -> str:
+    """A speedup for a cell: ``1.54x``, with a predicted one's range of one sigma each side (`log_sigma`, log scale)
+    when `with_range`: ``1.54x (1.46-1.61)``."""
+    if speedup is None:
+        return "-"
+    text = f"{speedup:.2f}x"
+    if with_range and log_sigma:
+        low, high = speedup_range(speedup, log_sigma)
+        text += f" ({low:.2f}-{high:.2f})"
+    return text
+
+
+def log_sigma_of(metrics: Mapping[str, Any]) -> float | None:
+    """The spread (one sigma, log scale) of predicted `metrics`; None for measured ones (they have none)."""
+    value = metrics.get("prediction_log_sigma")
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
+#: The key's words for a speedup's range.
+RANGE_KEY = "(low-high): predicted range, one sigma of the calibration."
+
+
+def natural_width(table: Table) -> int:
+    """The width `table` takes unwrapped, in columns."""
+    probe = Console(width=10_000)
+    return RichMeasurement.get(probe, probe.options, table).maximum
+
+
+def _ranged(build: Callable[[bool], Table], wide: bool, ranges: bool) -> tuple[Table, bool]:
+    """The table `build` draws with speedup ranges in their cells (`build(True)`) when there are `ranges` and it
+    fits in `NARROW` columns (always with `wide`), else without (`build(False)`); and whether the cells hold them."""
+    if ranges:
+        table = build(True)
+        if wide or natural_width(table) <= NARROW:
+            return table, True
+    return build(False), False
+
+
+def ranges_legend(points: Iterable[tuple[str, float | None, float | None]]) -> str | None:
+    """The ranges a table's cells had no room for: ``vs none, predicted range (one sigma): c=1 1.46-1.61; ...``
+    from (label, speedup, log sigma); None when none is predicted."""
+    parts = []
+    for label, speedup, sigma in points:
+        if speedup is not None and sigma:
+            low, high = speedup_range(speedup, sigma)
+            parts.append(f"{label} {low:.2f}-{high:.2f}")
+    return f"vs none, predicted range (one sigma): {'; '.join(parts)}." if parts else None
+
+
+#: Why the speedup over no speculation can rise with concurrency on an MoE target (`speedup_rise_note`).
+RISE_NOTE = "vs none rises with c: big batches read MoE experts anyway; drafts reuse them."
+
+
+def speedup_rise_note(points: Iterable[tuple[int, float | None, Mapping[str, Any] | None]]) -> str | None:
+    """`RISE_NOTE` when the speedup over no speculation, as shown (two decimals), is higher at some concurrency than
+    at a lower one and the higher one's step reads MoE experts (its ``step_breakdown_ms`` has ``experts`` > 0);
+    from (concurrency, speedup, step breakdown) per result. None otherwise (a dense model, measured figures)."""
+    shown = sorted((c, round(s, 2), b) for c, s, b in points if s is not None and math.isfinite(s))
+    for i, (_c, low, _b) in enumerate(shown):
+        for _c2, high, breakdown in shown[i + 1:]:
+            experts = (breakdown or {}).get("experts")
+            if high > low and isinstance(experts, int | float) and experts > 0:
+                return RISE_NOTE
+    return None
 
 
 def short_model(name: str | None) -> str:
@@ -257,7 +327,8 @@ def results_title(run: SearchRun) -> str:
 
 def results_table(run: SearchRun, *, wide: bool = False) -> Group:
     """The recommended config per concurrency: drafter, K, parallel drafting, max_num_seqs, tokens/s, TPOT and the
-    speedups over no speculation and over EAGLE-3 at its best K. `wide` adds p99s, the speedup over the drafter's
+    speedups over no speculation (a predicted one with its range, in the cell when the table still fits in 80
+    columns, else in a line below) and over EAGLE-3 at its best K. `wide` adds p99s, the speedup over the drafter's
     published K, trial counts and engine launches."""
     show_ttft = "ttft_ms_p99" in run.objective.slos
     tpot_p99 = wide or "tpot_ms_p99" in run.objective.slos
@@ -268,32 +339,71 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
     cols += ["TTFT p99"] if show_ttft or wide else []
     cols += ["vs none", "vs E3"]
     cols += ["vs pub. K", "trials ok/fail", "launches"] if wide else []
-    table = _table(*cols, right=set(cols) - {"drafter", "PD"})
-    for r in run.results:
-        metrics = measurement_metrics(r.best)
-        config = r.best.config
-        variant = _variant_row(r)
-        vs_e3 = "-"
-        if variant is not None:
-            vs_e3 = "ref" if variant.is_eagle3_reference else fmt(variant.speedup_vs_eagle3, ".2f", "x")
-        row = [str(r.scenario.concurrency), _best_drafter(r, wide, run.model), pd_cell(config), str(config.k) if
-               config.speculative else "0", seqs_cell(config, r.scenario.concurrency), fmt(r.best.output_tokens_per_s),
-               fmt(metrics["tpot_ms_p50"], ".2f")]
-        row += [fmt(metrics["tpot_ms_p99"], ".2f")] if tpot_p99 else []
-        row += [fmt(metrics["ttft_ms_p50"], ".0f")] if ttft_p50 else []
-        row += [fmt(metrics["ttft_ms_p99"], ".0f")] if show_ttft or wide else []
-        row += [fmt(r.speedup_over(r.baseline), ".2f", "x"), vs_e3]
-        if wide:
-            pub = r.speedup_over(r.published)
-            row += ["-" if r.published is None else f"{fmt(pub, '.2f', 'x')} (K={r.published.config.k})",
-                    f"{r.n_complete}/{r.n_failed}", launches(r, run)]
-        table.add_row(*row, style=None if r.feasible else "red")
+    speedups = [(r, r.speedup_over(r.baseline), log_sigma_of(measurement_metrics(r.best))) for r in run.results]
+
+    def build(with_range: bool) -> Table:
+        table = _table(*cols, right=set(cols) - {"drafter", "PD"})
+        for r, speedup, sigma in speedups:
+            metrics = measurement_metrics(r.best)
+            config = r.best.config
+            variant = _variant_row(r)
+            vs_e3 = "-"
+            if variant is not None:
+                vs_e3 = "ref" if variant.is_eagle3_reference else fmt(variant.speedup_vs_eagle3, ".2f", "x")
+            row = [str(r.scenario.concurrency), _best_drafter(r, wide, run.model), pd_cell(config), str(config.k) if
+                   config.speculative else "0", seqs_cell(config, r.scenario.concurrency),
+                   fmt(r.best.output_tokens_per_s), fmt(metrics["tpot_ms_p50"], ".2f")]
+            row += [fmt(metrics["tpot_ms_p99"], ".2f")] if tpot_p99 else []
+            row += [fmt(metrics["ttft_ms_p50"], ".0f")] if ttft_p50 else []
+            row += [fmt(metrics["ttft_ms_p99"], ".0f")] if show_ttft or wide else []
+            row += [speedup_cell(speedup, sigma, with_range=with_range), vs_e3]
+            if wide:
+                pub = r.speedup_over(r.published)
+                row += ["-" if r.published is None else f"{fmt(pub, '.2f', 'x')} (K={r.published.config.k})",
+                        f"{r.n_complete}/{r.n_failed}", launches(r, run)]
+            table.add_row(*row, style=None if r.feasible else "red")
+        return table
+
+    ranges = any(sigma and speedup is not None for _r, speedup, sigma in speedups)
+    table, in_cell = _ranged(build, wide, ranges)
     key = ("PD: parallel drafting; seqs: max_num_seqs; TPOT: ms per output token (median); "
            + ("TTFT: ms to the first token (median); " if ttft_p50 else "")
-           + "vs none: over no speculation; vs E3: over the best EAGLE-3 head at its best K (ref: that head).")
+           + "vs none: over no speculation; vs E3: over the best EAGLE-3 head at its best K (ref: that head)."
+           + (f" {RANGE_KEY}" if in_cell else ""))
     legend = None if wide else drafters_legend((r.best.config for r in run.results), run.model)
     queued = any(r.best.config.max_num_seqs < r.scenario.concurrency for r in run.results)
-    return titled(results_title(run), table, legend, key, QUEUE_LEGEND if queued else None, slo_note(run))
+    out_of_cell = None if in_cell else ranges_legend((f"c={r.scenario.concurrency}", s, sigma)
+                                                     for r, s, sigma in speedups)
+    rise = speedup_rise_note((r.scenario.concurrency, s, measurement_metrics(r.best).get("step_breakdown_ms"))
+                             for r, s, _sigma in speedups if r.feasible)
+    return titled(results_title(run), table, legend, key, out_of_cell, rise, QUEUE_LEGEND if queued else None,
+                  slo_note(run))
+
+
+def step_table(run: SearchRun) -> Group | None:
+    """What each recommended config's predicted step time is made of (ms): the target's weights, its MoE experts,
+    attention over the KV cache, the drafter, fixed overheads, the step, and the bound of the target pass (``--wide``;
+    None when no result carries a breakdown, e.g. measured ones)."""
+    parts = ("weights", "experts", "attention_kv", "drafter", "fixed_overhead")
+    headers = ("weights", "experts", "attn/KV", "draft", "fixed")
+    cols = ["c", "drafter", "K", *headers, "step", "bound"]
+    table = _table(*cols, right=set(cols) - {"drafter", "bound"})
+    shown = False
+    for r in run.results:
+        metrics = measurement_metrics(r.best)
+        breakdown = metrics.get("step_breakdown_ms")
+        if not isinstance(breakdown, Mapping):
+            continue
+        shown = True
+        config = r.best.config
+        table.add_row(str(r.scenario.concurrency), drafter_cell(config, r.hypothetical is not None, model=run.model),
+                      str(config.k), *(fmt(breakdown.get(p), ".2f") for p in parts),
+                      fmt(metrics.get("step_ms"), ".2f"), str(metrics.get("bound") or "-"))
+    if not shown:
+        return None
+    return titled("Step time (ms, predicted) of each recommended config", table,
+                  "attn/KV: attention over the KV cache; draft: the drafter's passes; fixed: launch, scheduling and "
+                  "sampling overheads; bound: what limits the target pass (memory: bytes read; compute: FLOPs).")
 
 
 def slo_note(run: SearchRun) -> str | None:
@@ -313,30 +423,37 @@ def comparison_table(run: SearchRun, *, wide: bool = False) -> Group | None:
     if not any(len(r.per_drafter) > 1 for r in run.results):
         return None
     cols = ["c", "drafter", "PD", "K", "seqs", "tok/s", "vs none", "vs E3"]
-    table = _table(*cols, right=set(cols) - {"drafter", "PD"})
-    for i, r in enumerate(run.results):
-        for j, row in enumerate(r.per_drafter):
-            chosen = r.feasible and _same_variant(row, r)
-            vs_e3 = "ref" if row.is_eagle3_reference else fmt(row.speedup_vs_eagle3, ".2f", "x")
-            name = drafter_cell(row.best_config, row.hypothetical, full=wide, model=run.model)
-            table.add_row(
-                str(r.scenario.concurrency) if j == 0 else "",
-                ("> " if chosen else "  ") + name,
-                pd_cell(row.best_config),
-                str(row.k),
-                seqs_cell(row.best_config, r.scenario.concurrency),
-                fmt(row.output_tokens_per_s),
-                fmt(row.speedup_vs_no_spec, ".2f", "x"),
-                vs_e3,
-                style="bold" if chosen else None,
-                end_section=j == len(r.per_drafter) - 1 and i < len(run.results) - 1,
-            )
+    # Every variant was priced by the backend that priced the recommended config: its spread applies to each.
+    sigmas = {id(r): log_sigma_of(measurement_metrics(r.best)) for r in run.results}
+
+    def build(with_range: bool) -> Table:
+        table = _table(*cols, right=set(cols) - {"drafter", "PD"})
+        for i, r in enumerate(run.results):
+            for j, row in enumerate(r.per_drafter):
+                chosen = r.feasible and _same_variant(row, r)
+                vs_e3 = "ref" if row.is_eagle3_reference else fmt(row.speedup_vs_eagle3, ".2f", "x")
+                name = drafter_cell(row.best_config, row.hypothetical, full=wide, model=run.model)
+                table.add_row(
+                    str(r.scenario.concurrency) if j == 0 else "",
+                    ("> " if chosen else "  ") + name,
+                    pd_cell(row.best_config),
+                    str(row.k),
+                    seqs_cell(row.best_config, r.scenario.concurrency),
+                    fmt(row.output_tokens_per_s),
+                    speedup_cell(row.speedup_vs_no_spec, sigmas[id(r)], with_range=with_range),
+                    vs_e3,
+                    style="bold" if chosen else None,
+                    end_section=j == len(r.per_drafter) - 1 and i < len(run.results) - 1,
+                )
+        return table
+
+    table, in_cell = _ranged(build, wide, any(sigmas.values()))
     configs = [row.best_config for r in run.results for row in r.per_drafter]
     notes = [None if wide else drafters_legend(configs, run.model)]
     if any(row.hypothetical for r in run.results for row in r.per_drafter):
         notes.append("* HYPOTHETICAL: no released checkpoint; acceptance derived from the paper's layer ablation "
                      "(predicted only, never served).")
-    notes.append("> the recommended config.")
+    notes.append("> the recommended config." + (f" vs none {RANGE_KEY}" if in_cell else ""))
     if any(row.best_config.max_num_seqs < r.scenario.concurrency for r in run.results for row in r.per_drafter):
         notes.append(QUEUE_LEGEND)
     return titled("Each drafter at its best config (P-EAGLE vs EAGLE-3, 2 vs 4 layers)", table, *notes)
@@ -378,6 +495,12 @@ def _config(row: Mapping[str, Any], key: str) -> SpecConfig | None:
         return None
 
 
+def _level(row: Mapping[str, Any]) -> int | None:
+    """A stored recommendation's concurrency (None: an open-loop or unreadable scenario)."""
+    level = (row.get("scenario") or {}).get("concurrency")
+    return level if isinstance(level, int) else None
+
+
 def _k(config: SpecConfig | None) -> str:
     if config is None:
         return "-"
@@ -401,34 +524,30 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
     for (model, gpu, workload, objective, kind), items in groups.items():
         title = f"{model if wide else model_alias(model)} on {gpu if wide else short_gpu(gpu)}, {workload}, " \
             f"{objective} ({kind})"
-        table = _table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
-        configs = []
-        queued = False
-        for row in sorted(items, key=lambda r: (-int((r.get("scenario") or {}).get("concurrency") or 0),
-                                                -int(r["id"]))):
-            config = _config(row, "best_config")
-            configs.append(config)
+        ordered = sorted(items, key=lambda r: (-int((r.get("scenario") or {}).get("concurrency") or 0),
+                                               -int(r["id"])))
+        configs = [_config(row, "best_config") for row in ordered]
+        speedups = []
+        for row in ordered:
             metrics = row.get("metrics") or {}
-            hypothetical = bool(metrics.get("hypothetical_drafter"))
-            hypothetical_seen |= hypothetical
             speedup = metrics.get("speedup_vs_no_spec")
-            tps = metrics.get("output_tokens_per_s")
-            level = (row.get("scenario") or {}).get("concurrency")
-            level = level if isinstance(level, int) else None
+            speedups.append((float(speedup) if isinstance(speedup, int | float) else None, log_sigma_of(metrics)))
+        queued = False
+
+        for row, config in zip(ordered, configs, strict=True):
+            hypothetical_seen |= bool((row.get("metrics") or {}).get("hypothetical_drafter"))
+            level = _level(row)
             queued |= config is not None and level is not None and config.max_num_seqs < level
-            table.add_row(
-                str(row.get("id")),
-                str((row.get("scenario") or {}).get("concurrency", "-")),
-                drafter_cell(config, hypothetical, full=wide, model=model) if config else "-",
-                pd_cell(config) if config else "-",
-                _k(config),
-                seqs_cell(config, level) if config else "-",
-                fmt(tps) if isinstance(tps, int | float) else "-",
-                fmt(speedup, ".2f", "x") if isinstance(speedup, int | float) else "-",
-                when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
-            )
+        build = functools.partial(_recommendations_table, cols, ordered, configs, speedups, model, wide)
+        table, in_cell = _ranged(build, wide, any(sigma and s is not None for s, sigma in speedups))
+        out_of_cell = None if in_cell else ranges_legend(
+            (f"#{row.get('id')}", s, sigma) for row, (s, sigma) in zip(ordered, speedups, strict=True))
+        rise = speedup_rise_note(
+            (level, s, (row.get("metrics") or {}).get("step_breakdown_ms"))
+            for row, (s, _sigma) in zip(ordered, speedups, strict=True) if (level := _level(row)) is not None)
         slo = slo_words(items[0])
         parts.append(titled(title, table, None if wide else drafters_legend(configs, model),
+                            f"vs none {RANGE_KEY}" if in_cell else out_of_cell, rise,
                             f"SLO: {slo}." if slo else None, QUEUE_LEGEND if queued else None))
         parts.append(Text(""))
     footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
@@ -436,6 +555,30 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
         footer += " * = HYPOTHETICAL drafter (no checkpoint)."
     parts.append(Text(footer, style="dim"))
     return Group(*parts)
+
+
+def _recommendations_table(cols: Sequence[str], rows: Sequence[Mapping[str, Any]], configs: Sequence[SpecConfig | None],
+                           speedups: Sequence[tuple[float | None, float | None]], model: str, wide: bool,
+                           with_range: bool) -> Table:
+    """One group of `recommendations_view`: a row per stored recommendation (speedup and its spread in `speedups`)."""
+    table = _table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
+    for row, config, (speedup, sigma) in zip(rows, configs, speedups, strict=True):
+        metrics = row.get("metrics") or {}
+        hypothetical = bool(metrics.get("hypothetical_drafter"))
+        tps = metrics.get("output_tokens_per_s")
+        level = _level(row)
+        table.add_row(
+            str(row.get("id")),
+            str((row.get("scenario") or {}).get("concurrency", "-")),
+            drafter_cell(config, hypothetical, full=wide, model=model) if config else "-",
+            pd_cell(config) if config else "-",
+            _k(config),
+            seqs_cell(config, level) if config else "-",
+            fmt(tps) if isinstance(tps, int | float) else "-",
+            speedup_cell(speedup, sigma, with_range=with_range),
+            when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
+        )
+    return table
 
 
 def trials_view(study: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:

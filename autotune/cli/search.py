@@ -281,10 +281,14 @@ def _say(console: Console, text: str, style: str | None = None) -> None:
 def print_results(run: SearchRun, console: Console, store: Any, *, wide: bool = False) -> None:
     """The results table, each drafter's best, the rules and provenance once (per concurrency only where they
     differ), Pareto fronts, what was stored and what to run next."""
-    from autotune.cli._tables import comparison_table, pareto_table, results_table
+    from autotune.cli._tables import comparison_table, pareto_table, results_table, step_table
 
     console.print()
     console.print(results_table(run, wide=wide))
+    steps = step_table(run) if wide else None
+    if steps is not None:
+        console.print()
+        console.print(steps)
     comparison = comparison_table(run, wide=wide)
     if comparison is not None:
         console.print()
@@ -428,6 +432,7 @@ def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
         "output_tokens_per_s": r.best.output_tokens_per_s,
         "tpot_ms_p50": r.best.tpot_ms_p50,
         "speedup_vs_no_spec": r.speedup_over(r.baseline),
+        "speedup_range": r.recommendation_metrics().get("speedup_range"),
         "speedup_vs_published_k": r.speedup_over(r.published),
         "published_k": r.published.config.k if r.published else None,
         "pareto": [p.to_dict() for p in r.pareto],
