@@ -93,7 +93,7 @@ def _json_shapes(model: Any) -> dict[str, type]:
 def row_problem(row: Any) -> str | None:
     """What makes the ORM `row` unreadable, in words starting with its column ("config is not valid JSON (...)"),
     or None when it reads."""
-    model = type(row)
+    model: Any = type(row)
     shapes = _json_shapes(model)
     mapper: Any = inspect(model)
     for column in mapper.columns:
