@@ -8,7 +8,7 @@ Usage::
     python -m benchmarks.calibrate_model --advantage          # P-EAGLE / EAGLE-3 vs concurrency, step breakdown
     python -m benchmarks.calibrate_model --write-doc docs/benchmarks/model.md   # regenerate the report's tables
 
-The points live in ``benchmarks/data/model_calibration.yaml`` (sources and setups there); the test
+The points live in ``autotune/backends/model_calibration.yaml`` (sources and setups there); the test
 ``tests/test_model_backend_calibration.py`` reads the same file. Each point predicts a published figure with
 `ModelBackend` (catalog model, GPU and drafters; the paper's own acceptance where the source measured the paper's
 heads). The fit (`--fit`) adjusts only `FREE` constants of `RooflineParams`, by least squares on the log error of
@@ -42,7 +42,7 @@ from autotune.workloads import Workload, WorkloadRequest
 from benchmarks.common import REPO
 from policies import AcceptanceProfile
 
-DATA = REPO / "benchmarks" / "data" / "model_calibration.yaml"
+DATA = REPO / "autotune" / "backends" / "model_calibration.yaml"
 
 #: The fitted constants: name -> (prior mean, prior sigma, lower bound, upper bound). The priors (and their sources)
 #: live in autotune/backends/roofline.yaml; the bounds keep the optimiser inside physical values.

@@ -1,4 +1,4 @@
-"""The model backend against published throughput: the calibration points of benchmarks/data/model_calibration.yaml,
+"""The model backend against published throughput: the calibration points of autotune/backends/model_calibration.yaml,
 evaluated by the same code as benchmarks.calibrate_model, with the committed RooflineParams constants."""
 
 from __future__ import annotations

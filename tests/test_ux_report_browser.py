@@ -258,3 +258,39 @@ def test_the_report_compares_p_eagle_with_eagle3_per_concurrency(
     assert cards == 2 and len(notes) == 2
     assert all(re.search(r"#\d+ \((throughput|goodput-tpot1000)\)", n) for n in notes), notes
     assert len(ids) == 2 and all("also" in i for i in ids)
+
+
+#: The page's advantage figures: per figure, the ids of its lines and published points and its caption.
+ADVANTAGE = ("Array.from(document.querySelectorAll('figure.advantage')).map(f => ({"
+             "ids: Array.from(f.querySelectorAll('svg [id^=\"advantage-\"], svg [id^=\"published-\"]'))"
+             ".filter(e => e.getBoundingClientRect().width > 0).map(e => e.id), "
+             "text: f.querySelector('svg').textContent, caption: f.querySelector('figcaption').textContent}))")
+
+
+def test_the_report_plots_the_advantage_beside_every_published_point(
+    comparison_dir: tuple[Path, dict[str, list[dict[str, Any]]]], tmp_path: Path
+) -> None:
+    """Issue 34: P-EAGLE over EAGLE-3 against concurrency, each parallel drafting variant a line, beside every
+    published ratio for gpt-oss-120b (the calibration points shipped with the package), each with its source."""
+    from autotune.report._series import published_advantage
+
+    out, _recs = comparison_dir
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open((out / "index.html").resolve().as_uri())
+        figures = browser.evaluate(ADVANTAGE)
+        assert browser.errors() == []
+    finally:
+        browser.close()
+    published = published_advantage("openai/gpt-oss-120b")
+    # PR #32887 (B200, c=1 and 8), PR #32628 (c=1 and 8), the paper's Table 10 (H200, c=2 and 4).
+    assert {(p.point_id.split("-")[0], p.concurrency) for p in published} == {
+        ("pr32887", 1), ("pr32887", 8), ("pr32628", 1), ("pr32628", 8), ("paper", 2), ("paper", 4)}
+    assert len(figures) == 2  # one per search shown, as the tables
+    for figure in figures:
+        drawn = set(figure["ids"])
+        assert {"advantage-0", "advantage-1"} <= drawn  # the 4- and 2-layer P-EAGLE heads
+        for p in published:
+            assert f"published-{p.point_id}-c{p.concurrency}" in drawn
+            assert p.label in figure["text"]  # the legend names each source
+            assert " ".join(p.source.split()) in " ".join(figure["caption"].split())

@@ -94,7 +94,7 @@ class RooflineParams:
     `draft_token_overhead_ms`) default to the values in ``autotune/backends/roofline.yaml`` (`fitted_constants`),
     which also holds each one's prior (mean, sigma) and the source of that prior. ``python -m
     benchmarks.calibrate_model --fit --write`` fits them to the published throughput points in
-    ``benchmarks/data/model_calibration.yaml`` (least squares on log errors plus those priors) and rewrites the
+    ``autotune/backends/model_calibration.yaml`` (least squares on log errors plus those priors) and rewrites the
     values. The others are set from kernel and engine facts, not fitted. A `Calibration` fitted from one measured
     profile corrects the predicted step times for a real deployment.
     """

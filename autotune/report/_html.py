@@ -16,8 +16,10 @@ from html import escape
 from typing import Any
 
 from autotune.errors import PeagleError
+from autotune.report._plots import advantage_svg
 from autotune.report._series import (
     DrafterRow,
+    advantage_data,
     config_label,
     distinct,
     drafter_rows,
@@ -306,6 +308,23 @@ def _drafter_table(rows: Sequence[DrafterRow]) -> str:
     return "".join(out)
 
 
+def _advantage_figure(model: str, gpu: str, workload: str, objective: str, rows: Sequence[DrafterRow],
+                      kind: str) -> str:
+    """P-EAGLE over EAGLE-3 against concurrency beside every published ratio for `model`, with their sources
+    (`autotune.report._plots.advantage_svg`, inline); "" when no parallel drafting variant has a ratio."""
+    title = f"P-EAGLE over EAGLE-3 against concurrency: {model} on {gpu}, {workload}, {objective}"
+    data = advantage_data(model, gpu, rows, title, kind)
+    if data is None:
+        return ""
+    sources = dict.fromkeys(f"{p.gpu}: {p.source}" for p in data.published)
+    published = ("Published points (squares with their range; filled: measured on this GPU, hollow: on another): "
+                 + " ".join(f"[{i}] {escape(text)}" for i, text in enumerate(sources, 1))) if sources else \
+        "No published P-EAGLE over EAGLE-3 figure for this model."
+    return (f'<figure class="advantage">{advantage_svg(data)}<figcaption>{badge(kind)} Lines: each parallel drafting '
+            f"variant's tokens/s over the best EAGLE-3 head at its best K (as in the table above; * hypothetical). "
+            f"{published}</figcaption></figure>")
+
+
 def _rec_table(recs: Sequence[RecommendationRecord]) -> str:
     cols = ("#", "created", "GPU", "vLLM", "workload", "objective", "scenario", "config", "tokens/s", "TPOT p50 ms",
             "vs no spec", "vs pub. K", "source", "study")
@@ -399,6 +418,7 @@ def render_page(sections: Sequence[ModelSection], *, db: str, generated: str) ->
                        f"{escape(objective)} {badge(_group_kind(recs))}</h3>")
             out.append(f'<p class="howto"><b>How to read it:</b> {escape(DRAFTERS_HELP)}</p>')
             out.append(_drafter_table(rows))
+            out.append(_advantage_figure(s.model, gpu, workload, objective, rows, _group_kind(recs)))
         distinct_recs = distinct(s.recommendations)
         out.append(f"<h3>Recommendations for {escape(s.model)} ({len(distinct_recs)})</h3>")
         out.append(_rec_table(s.recommendations) if s.recommendations else "<p>None stored.</p>")

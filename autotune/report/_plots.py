@@ -13,7 +13,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from autotune.report._series import AcceptanceData, GoodputData, SimulationData, StepCostData, StudyData
+from autotune.report._series import (
+    AcceptanceData,
+    AdvantageData,
+    GoodputData,
+    SimulationData,
+    StepCostData,
+    StudyData,
+)
 from autotune.safe_io import write_file
 
 DPI = 110
@@ -434,3 +441,51 @@ def _unit(objective: str) -> str:
 
 def _better(direction: str) -> str:
     return "higher is better" if direction == "maximize" else "lower is better"
+
+
+def advantage_svg(data: AdvantageData) -> str:
+    """P-EAGLE over EAGLE-3 against concurrency as an inline ``<svg>`` (text kept as text, so the page can be
+    searched): a line per parallel drafting variant, every published ratio beside it (a range as a bar, filled on
+    the search's GPU, hollow on another), each labelled with its source and GPU. Element ids: ``advantage-<variant
+    index>`` for a line, ``published-<point id>-c<concurrency>`` for a published point."""
+    plt = _pyplot()
+    import matplotlib
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    levels = sorted({c for points in data.series.values() for c, _ in points} | {p.concurrency for p in data.published})
+    for i, (label, points) in enumerate(data.series.items()):
+        points = sorted(points)
+        (line,) = ax.plot([c for c, _ in points], [v for _, v in points], marker=_SHAPES[i % len(_SHAPES)],
+                          linestyle="--" if label.endswith("*") else "-", label=f"{label} ({data.kind})")
+        line.set_gid(f"advantage-{i}")
+    sources = list(dict.fromkeys((p.label, p.gpu) for p in data.published))
+    colors = matplotlib.colormaps["tab10"]
+    for p in data.published:
+        j = sources.index((p.label, p.gpu))
+        color = colors((j + 3) % 10)
+        x = p.concurrency * (1.06 ** (j + 1))  # beside the prediction at the same concurrency, not on it
+        same_gpu = p.gpu == data.gpu
+        mid = (p.low + p.high) / 2
+        bar = ax.errorbar([x], [mid], yerr=[[mid - p.low], [p.high - mid]], fmt="s", color=color, capsize=3,
+                          markerfacecolor=color if same_gpu else "white", markeredgecolor=color,
+                          label=f"published: {p.label}, {p.gpu}")
+        bar.lines[0].set_gid(f"published-{p.point_id}-c{p.concurrency}")
+        for k, lines in enumerate(bar.lines[2]):
+            lines.set_gid(f"published-{p.point_id}-c{p.concurrency}-range{k}")
+    ax.axhline(1.0, color="0.6", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency (clients)")
+    ax.set_ylabel("tokens/s over EAGLE-3 at its best K")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    ax.set_title("\n".join(textwrap.wrap(data.title, 70)), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    out = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "peagle-tune"}):
+        fig.savefig(out, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = out.getvalue()
+    return text[text.index("<svg"):]

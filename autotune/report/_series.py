@@ -854,3 +854,98 @@ def drafter_rows(recs: Sequence[RecommendationRecord]) -> list[DrafterRow]:
                 recommended=variant == (best.get("drafter"), best.get("drafter_layers"), best.get("parallel_drafting")),
             ))
     return out
+
+
+#: The published points (package data, with their sources) the model backend is calibrated against.
+PUBLISHED_POINTS = "model_calibration.yaml"
+
+
+@dataclass(frozen=True)
+class PublishedRatio:
+    """A published P-EAGLE over EAGLE-3 throughput ratio (each at its best K) at one concurrency: a figure
+    (`low` = `high`) or a range, with the GPU it was measured on and its source."""
+
+    point_id: str
+    concurrency: int
+    low: float
+    high: float
+    gpu: str
+    """The GPU's catalog key (``b200``)."""
+    label: str
+    """The source in a few words (``vLLM PR #32887``)."""
+    source: str
+    """The source whole: what was measured, where and how."""
+
+
+def source_label(source: str) -> str:
+    """A source's first clause, outside brackets: ``vLLM PR #32628 (parallel token drafting for EAGLE-3, gpt-oss-120b):
+    ...`` -> ``vLLM PR #32628 (parallel token drafting for EAGLE-3, gpt-oss-120b)``."""
+    depth = 0
+    for i, ch in enumerate(source):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch in ",:":
+            return source[:i].strip()
+    return source.strip()
+
+
+def published_advantage(model: str) -> list[PublishedRatio]:
+    """Every published P-EAGLE over EAGLE-3 ratio for `model` (any GPU; catalog names match whatever their
+    spelling), lowest concurrency first, from the model backend's calibration points
+    (``autotune/backends/model_calibration.yaml``)."""
+    from importlib.resources import files
+
+    import yaml
+
+    from autotune.catalogs import model_names
+
+    names = {k.lower(): v for k, v in model_names().items()}  # every name and alias -> the model's short name
+
+    def canonical(name: str) -> str | None:
+        return names.get(name.strip().lower())
+
+    wanted = canonical(model) or model
+    data = yaml.safe_load(files("autotune.backends").joinpath(PUBLISHED_POINTS).read_text(encoding="utf-8"))
+    out: list[PublishedRatio] = []
+    for p in data.get("points") or []:
+        if p.get("metric") != "ratio" or canonical(str(p.get("model"))) != wanted:
+            continue
+        published = p["published"]
+        low, high = (float(published[0]), float(published[1])) if isinstance(published, list) else \
+            (float(published), float(published))
+        out += [PublishedRatio(str(p["id"]), int(c), low, high, str(p["gpu"]), source_label(str(p["source"])),
+                               " ".join(str(p["source"]).split())) for c in p.get("concurrencies") or []]
+    return sorted(out, key=lambda r: (r.concurrency, r.point_id))
+
+
+@dataclass(frozen=True)
+class AdvantageData:
+    """P-EAGLE's advantage over EAGLE-3 against concurrency for one search (GPU, workload, objective): each parallel
+    drafting variant's predicted (or measured) ratio per concurrency beside the published ones."""
+
+    title: str
+    gpu: str
+    """The search's GPU as a catalog key (published points on it are drawn filled, others hollow)."""
+    series: dict[str, list[tuple[int, float]]]
+    """Variant label -> (concurrency, speedup over EAGLE-3 at its best K)."""
+    published: list[PublishedRatio]
+    kind: str
+    """"predicted", "measured" or "mixed": where the series' figures come from."""
+
+
+def advantage_data(model: str, gpu: str, rows: Sequence[DrafterRow], title: str, kind: str) -> AdvantageData | None:
+    """The advantage figure's data from `drafter_rows` (its parallel drafting variants with a speedup over an
+    EAGLE-3 reference) and the published ratios for `model`; None when no variant has one."""
+    from autotune.catalogs import get_gpu
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r.parallel_drafting and r.speedup_vs_eagle3 is not None:
+            label = f"{short_name(r.drafter)}{f' {r.layers}L' if r.layers else ''}{'*' if r.hypothetical else ''}"
+            series.setdefault(label, []).append((r.concurrency, r.speedup_vs_eagle3))
+    if not series:
+        return None
+    try:
+        key = get_gpu(gpu).key
+    except (PeagleError, ValueError):
+        key = gpu
+    return AdvantageData(title, key, series, published_advantage(model), kind)
