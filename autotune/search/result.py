@@ -143,8 +143,9 @@ class ScenarioResult:
             "n_pruned": self.n_pruned,
             "n_excluded": self.n_excluded,
         }
-        speedup, sigma = metrics["speedup_vs_no_spec"], metrics.get("prediction_log_sigma")
+        speedup = metrics["speedup_vs_no_spec"]
         if "speedup_range" in metrics:  # around the speedup over the baseline trial, the one shown
+            sigma = float(metrics["prediction_log_sigma"])
             metrics["speedup_range"] = None if speedup is None else speedup_range(speedup, sigma)
         if self.constraints:
             metrics["constraints"] = self.constraints
