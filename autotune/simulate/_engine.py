@@ -183,95 +183,168 @@ def simulate(
         raise UsageError(f"request_rate must be > 0 requests/s, but got {request_rate}.")
     if max_num_seqs < 1:
         raise UsageError(f"max_num_seqs must be >= 1, but got {max_num_seqs}.")
-    rule = config.start()
-    max_k = acceptance.max_k
-    speculative = config.speculative
-    plugin = speculative and config.kind == "adaptive"  # the plugin's drafter-width rules (step 4 and 5)
-    off_steps = str(getattr(config, "off_steps", "catch_up"))
-    # Drafter width under catch_up: the tokens each request missed in the drafter are replayed later (trimming runs
-    # the drafter at K_max in every step, so it never misses any).
-    track = plugin and bool(getattr(config, "drafter_width", True)) and off_steps in REPLAY_MODES
-    prompts_left = track and off_steps == "catch_up"  # prompt tokens may be left to a replay
-    plugin_ms = float(getattr(config, "plugin_ms_per_step", 0.0) or 0.0)
-    if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
-        raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
-
-    # Arrivals: open loop draws every request's time up front; closed loop releases them as clients free up.
-    timed: deque[tuple[float, int, SimRequest]] = deque()
+    sim = _Simulation(phases, config, cost, acceptance, concurrency, max_num_seqs, max_num_batched_tokens,
+                      max_catch_up_tokens, prefix_cache)
     if request_rate is not None:
+        sim.draw_arrivals(phases, request_rate, seed)
+    while sim.has_work():
+        if sim.steps >= max_steps:
+            raise UsageError(f"the simulation did not finish within {max_steps} steps; shorten the workload.")
+        sim.admit()
+        sim.step()
+    return sim.result()
+
+
+class _Simulation:
+    """The state of one run and its steps (the numbered steps of the module docstring)."""
+
+    def __init__(
+        self,
+        phases: Sequence[Phase],
+        config: ServingConfig,
+        cost: StepCostSource,
+        acceptance: AcceptanceModel,
+        concurrency: int | None,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_catch_up_tokens: int,
+        prefix_cache: PrefixCache | None,
+    ) -> None:
+        self.config, self.cost, self.acceptance = config, cost, acceptance
+        self.concurrency, self.max_num_seqs = concurrency, max_num_seqs
+        self.max_num_batched_tokens, self.max_catch_up_tokens = max_num_batched_tokens, max_catch_up_tokens
+        self.prefix_cache = prefix_cache
+        self.rule = config.start()
+        self.max_k = acceptance.max_k
+        self.speculative = config.speculative
+        self.plugin = self.speculative and config.kind == "adaptive"  # the plugin's drafter-width rules (4 and 5)
+        self.off_steps = str(getattr(config, "off_steps", "catch_up"))
+        # Drafter width under catch_up: the tokens each request missed in the drafter are replayed later (trimming
+        # runs the drafter at K_max in every step, so it never misses any).
+        self.track = self.plugin and bool(getattr(config, "drafter_width", True)) and self.off_steps in REPLAY_MODES
+        self.prompts_left = self.track and self.off_steps == "catch_up"  # prompt tokens may be left to a replay
+        plugin_ms = float(getattr(config, "plugin_ms_per_step", 0.0) or 0.0)
+        if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
+            raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
+        self.plugin_ms = plugin_ms
+
+        # Arrivals: open loop draws every request's time up front; closed loop releases them as clients free up.
+        self.timed: deque[tuple[float, int, SimRequest]] = deque()
+        self.pending_phases = deque(enumerate(phases))
+        self.phase_queue: deque[SimRequest] = deque()
+        self.current_phase = -1
+        self.in_flight = 0
+
+        self.waiting: deque[_Live] = deque()
+        self.running: list[_Live] = []
+        self.records: list[RequestRecord] = []
+        self.spans: dict[int, list[float]] = {}
+        self.phase_tokens: dict[int, int] = {}
+        self.depth_hist: dict[int, int] = {}
+        self.t = 0.0
+        self.steps = self.decode_request_steps = self.drafter_steps = self.batch_sum = 0
+        self.catch_up_total = self.idle_steps = self.skipped_prompts = 0
+
+    # ---- 1. arrivals and admission ---------------------------------------------------------------------------
+    def draw_arrivals(self, phases: Sequence[Phase], request_rate: float, seed: int) -> None:
+        """Open loop: every request's Poisson arrival time, phase after phase."""
         rng = random.Random(seed)
         t_arr = 0.0
         for p, phase in enumerate(phases):
             for r in phase.requests:
                 t_arr += rng.expovariate(request_rate) * 1000.0
-                timed.append((t_arr, p, r))
-    pending_phases = deque(enumerate(phases))
-    phase_queue: deque[SimRequest] = deque()
-    current_phase = -1
-    in_flight = 0
+                self.timed.append((t_arr, p, r))
 
-    waiting: deque[_Live] = deque()
-    running: list[_Live] = []
-    records: list[RequestRecord] = []
-    spans: dict[int, list[float]] = {}
-    phase_tokens: dict[int, int] = {}
-    depth_hist: dict[int, int] = {}
-    t = 0.0
-    steps = decode_request_steps = drafter_steps = batch_sum = 0
-    catch_up_total = idle_steps = skipped_prompts = 0
-
-    def arrive(req: SimRequest, phase: int, at: float) -> None:
-        waiting.append(_Live(req, phase, acceptance.stream(req), at))
-        span = spans.setdefault(phase, [at, at])
+    def _arrive(self, req: SimRequest, phase: int, at: float) -> None:
+        self.waiting.append(_Live(req, phase, self.acceptance.stream(req), at))
+        span = self.spans.setdefault(phase, [at, at])
         span[0] = min(span[0], at)
 
-    def release_closed_loop() -> None:
-        nonlocal current_phase, in_flight
-        assert concurrency is not None
-        if not phase_queue and in_flight == 0 and pending_phases:
-            current_phase, phase = pending_phases.popleft()
-            phase_queue.extend(phase.requests)
-            spans.setdefault(current_phase, [t, t])
-        while phase_queue and in_flight < concurrency:
-            arrive(phase_queue.popleft(), current_phase, t)
-            in_flight += 1
+    def _release_closed_loop(self, concurrency: int) -> None:
+        if not self.phase_queue and self.in_flight == 0 and self.pending_phases:
+            self.current_phase, phase = self.pending_phases.popleft()
+            self.phase_queue.extend(phase.requests)
+            self.spans.setdefault(self.current_phase, [self.t, self.t])
+        while self.phase_queue and self.in_flight < concurrency:
+            self._arrive(self.phase_queue.popleft(), self.current_phase, self.t)
+            self.in_flight += 1
 
-    while True:
-        if concurrency is not None:
-            release_closed_loop()
-        else:
-            while timed and timed[0][0] <= t:
-                at, p, req = timed.popleft()
-                arrive(req, p, at)
-        if not running and not waiting:
-            if concurrency is not None:
-                if not pending_phases and not phase_queue:
-                    break
+    def has_work(self) -> bool:
+        """Release the requests that arrived by now (waiting for the next arrival when nothing runs); False when
+        every request is served."""
+        while True:
+            if self.concurrency is not None:
+                self._release_closed_loop(self.concurrency)
+            else:
+                timed = self.timed
+                while timed and timed[0][0] <= self.t:
+                    at, p, req = timed.popleft()
+                    self._arrive(req, p, at)
+            if self.running or self.waiting:
+                return True
+            if self.concurrency is not None:
+                if not self.pending_phases and not self.phase_queue:
+                    return False
                 continue
-            if not timed:
-                break
-            t = max(t, timed[0][0])
-            continue
-        if steps >= max_steps:
-            raise UsageError(f"the simulation did not finish within {max_steps} steps; shorten the workload.")
-        while waiting and len(running) < max_num_seqs:
-            x = waiting.popleft()
-            if prefix_cache is not None:
-                x.prompt_left -= prefix_cache.cached_tokens(x.req)
-            running.append(x)
+            if not self.timed:
+                return False
+            self.t = max(self.t, self.timed[0][0])
 
-        decoding = [x for x in running if x.decoding]
+    def admit(self) -> None:
+        """Waiting requests join the batch while fewer than max_num_seqs run (the prefix cache's part of their
+        prompt is not computed)."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            x = self.waiting.popleft()
+            if self.prefix_cache is not None:
+                x.prompt_left -= self.prefix_cache.cached_tokens(x.req)
+            self.running.append(x)
+
+    # ---- one step --------------------------------------------------------------------------------------------
+    def step(self) -> None:
+        decoding, depths, verified = self._verify_depths()
+        chunks = self._prompt_chunks(self.max_num_batched_tokens - verified)
+        if not decoding and not chunks:
+            raise UsageError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} leaves no room for any token of the step; "
+                "raise it."
+            )
+        prefill_tokens = sum(c for _, c in chunks)
+        planned_for, planned, drafting = self._plan(decoding, depths, chunks, prefill_tokens)
+        catch_up, deferred, deferred_prompt = self._replays(decoding, chunks, planned_for, planned, drafting)
+        idle = self.speculative and drafting == 0
+        skips_prompt = self.track and idle and prefill_tokens > 0
+        context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
+        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle,
+                          skips_prompt, deferred_prompt)
+        step_ms = self.cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's
+        self._count(step_ms, len(decoding), catch_up, drafting, idle, skips_prompt)
+        for x, k in zip(planned_for, planned, strict=True):
+            x.next_depth = k
+            x.drafts_ready = drafting
+        results, finished = self._decode(decoding, depths, self.track and idle, deferred)
+        finished += self._prefill(chunks, skips_prompt, deferred)
+        self.rule.observe(results, None if prefill_tokens else step_ms)
+        if finished:
+            self._retire(finished)
+
+    def _verify_depths(self) -> tuple[list[_Live], list[int], int]:
+        """2. The decoding requests, the depth each verifies now, and the tokens they verify (K_r + 1 each)."""
+        decoding = [x for x in self.running if x.decoding]
         depths = []
         verified = 0
+        max_k = self.max_k
         for x in decoding:
             k = x.drafts_ready if x.next_depth is None or x.next_depth > x.drafts_ready else x.next_depth
             if k > max_k:
                 k = max_k
             depths.append(k)
             verified += k + 1
-        budget = max_num_batched_tokens - verified
+        return decoding, depths, verified
+
+    def _prompt_chunks(self, budget: int) -> list[tuple[_Live, int]]:
+        """3. The prompt tokens the rest of the budget computes, request by request in admission order."""
         chunks: list[tuple[_Live, int]] = []
-        for x in running:
+        for x in self.running:
             if budget <= 0:
                 break
             if x.decoding:
@@ -279,73 +352,93 @@ def simulate(
             chunk = x.prompt_left if x.prompt_left < budget else budget
             chunks.append((x, chunk))
             budget -= chunk
-        if not decoding and not chunks:
-            raise UsageError(
-                f"max_num_batched_tokens={max_num_batched_tokens} leaves no room for any token of the step; raise it."
-            )
+        return chunks
+
+    def _plan(
+        self, decoding: list[_Live], depths: list[int], chunks: list[tuple[_Live, int]], prefill_tokens: int
+    ) -> tuple[list[_Live], list[int], int]:
+        """4. The rule's depths for the requests that decode next, and the drafter's depth in this step (the
+        plugin's off-step rules when the rule says 0)."""
         completing = [x for x, chunk in chunks if chunk == x.prompt_left and x.req.output_tokens > 1]
         for x in completing:
-            rule.join(x.req.request_id, x.req.cls)
+            self.rule.join(x.req.request_id, x.req.cls)
         planned_for = decoding + completing
-        planned, drafting = rule.plan([x.req.request_id for x in planned_for], len(decoding) + len(chunks))
-        prefill_tokens = sum(c for _, c in chunks)
-        if not speculative:
+        planned, drafting = self.rule.plan([x.req.request_id for x in planned_for], len(decoding) + len(chunks))
+        if not self.speculative:
             drafting = 0
-        elif plugin and drafting == 0:
-            if off_steps == "sync_pass":
+        elif self.plugin and drafting == 0:
+            if self.off_steps == "sync_pass":
                 drafting = 1  # a one-slot pass keeps the drafter's KV cache (nothing to replay later)
-            elif prefill_tokens and not (prompts_left and _replayable(decoding, depths, chunks, max_catch_up_tokens)):
+            elif prefill_tokens and not (
+                self.prompts_left and _replayable(decoding, depths, chunks, self.max_catch_up_tokens)
+            ):
                 drafting = 1  # the drafter reads the prompt tokens now (at one slot)
+        return planned_for, planned, drafting
+
+    def _replays(
+        self,
+        decoding: list[_Live],
+        chunks: list[tuple[_Live, int]],
+        planned_for: list[_Live],
+        planned: list[int],
+        drafting: int,
+    ) -> tuple[int, set[int], int]:
+        """5. Under catch_up, in a step whose drafter runs: the missed tokens it replays now, the requests of the pass
+        that keep theirs (planned at depth 0), and the prompt tokens of those left to a later replay."""
         catch_up = deferred_prompt = 0
         deferred: set[int] = set()  # requests in the pass planned at depth 0: they keep their missed tokens
-        if track and drafting > 0:
-            # The plugin names the requests planned above 0 when some are not (`DRAFTING_ATTR`); only those replay,
-            # and the others' prompt chunks are left to a replay too (but their last token) when it stays in bounds.
-            named = {id(x) for x, k in zip(planned_for, planned, strict=True) if k > 0} \
-                if any(k == 0 for k in planned) else None
-            if named is not None and prompts_left:
-                for x, chunk in chunks:
-                    if id(x) not in named and chunk > 1 and x.missed + chunk <= max_catch_up_tokens:
-                        deferred.add(id(x))
-                        deferred_prompt += chunk - 1
-            for x in decoding + [x for x, _ in chunks]:  # the requests in the drafter's pass
-                if x.missed:
-                    if named is not None and id(x) not in named:
-                        deferred.add(id(x))
-                        continue
-                    if x.missed <= max_catch_up_tokens:
-                        catch_up += x.missed
-                    x.missed = 0
-        idle = speculative and drafting == 0
-        skips_prompt = track and idle and prefill_tokens > 0
-        context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
-        shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle,
-                          skips_prompt, deferred_prompt)
-        step_ms = cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's time
-        t += step_ms + plugin_ms
-        steps += 1
-        batch_sum += len(decoding)
-        catch_up_total += catch_up
-        if drafting > 0:
-            drafter_steps += 1
-        elif idle:
-            idle_steps += 1
-            skipped_prompts += skips_prompt
-        for x, k in zip(planned_for, planned, strict=True):
-            x.next_depth = k
-            x.drafts_ready = drafting
+        if not (self.track and drafting > 0):
+            return catch_up, deferred, deferred_prompt
+        cap = self.max_catch_up_tokens
+        # The plugin names the requests planned above 0 when some are not (`DRAFTING_ATTR`); only those replay,
+        # and the others' prompt chunks are left to a replay too (but their last token) when it stays in bounds.
+        named = {id(x) for x, k in zip(planned_for, planned, strict=True) if k > 0} \
+            if any(k == 0 for k in planned) else None
+        if named is not None and self.prompts_left:
+            for x, chunk in chunks:
+                if id(x) not in named and chunk > 1 and x.missed + chunk <= cap:
+                    deferred.add(id(x))
+                    deferred_prompt += chunk - 1
+        for x in decoding + [x for x, _ in chunks]:  # the requests in the drafter's pass
+            if x.missed:
+                if named is not None and id(x) not in named:
+                    deferred.add(id(x))
+                    continue
+                if x.missed <= cap:
+                    catch_up += x.missed
+                x.missed = 0
+        return catch_up, deferred, deferred_prompt
 
+    def _count(self, step_ms: float, batch: int, catch_up: int, drafting: int, idle: bool, skips_prompt: bool) -> None:
+        """The clock moves by the step and the plugin's host time; the run's step counters."""
+        self.t += step_ms + self.plugin_ms
+        self.steps += 1
+        self.batch_sum += batch
+        self.catch_up_total += catch_up
+        if drafting > 0:
+            self.drafter_steps += 1
+        elif idle:
+            self.idle_steps += 1
+            self.skipped_prompts += skips_prompt
+
+    def _decode(
+        self, decoding: list[_Live], depths: list[int], missing: bool, deferred: set[int]
+    ) -> tuple[list[tuple[str, str, int, int]], list[_Live]]:
+        """Each decoding request gains its accepted drafts plus the bonus token (capped at its output length);
+        `missing`: the drafter skipped this step, so the tokens are missed. Returns the rule's observations and the
+        requests that finished."""
         results = []
         finished: list[_Live] = []
-        for i, x in enumerate(decoding):
-            k = depths[i]
+        depth_hist = self.depth_hist
+        track = self.track
+        for x, k in zip(decoding, depths, strict=True):
             a = x.stream.accepted(k)
             gain = a + 1
             left = x.req.output_tokens - x.generated
             if gain > left:
                 gain = left
             x.generated += gain
-            if track and (idle or id(x) in deferred):
+            if track and (missing or id(x) in deferred):
                 x.missed += gain
             x.steps += 1
             x.drafted += k
@@ -354,53 +447,64 @@ def simulate(
             results.append((x.req.request_id, x.req.cls, k, a))
             if x.generated >= x.req.output_tokens:
                 finished.append(x)
-        decode_request_steps += len(decoding)
+        self.decode_request_steps += len(decoding)
+        return results, finished
+
+    def _prefill(self, chunks: list[tuple[_Live, int]], skips_prompt: bool, deferred: set[int]) -> list[_Live]:
+        """Prompt chunks are computed; a request whose prompt completes gains its first token (and joins the prefix
+        cache). Returns the requests that finished (one-token outputs)."""
+        finished: list[_Live] = []
         for x, chunk in chunks:
             x.prompt_left -= chunk
             if skips_prompt or id(x) in deferred:
                 x.missed += chunk
             if x.prompt_left == 0:
-                if prefix_cache is not None:
-                    prefix_cache.add(x.req)
+                if self.prefix_cache is not None:
+                    self.prefix_cache.add(x.req)
                 x.generated = 1
-                x.first_token = t
+                x.first_token = self.t
                 if x.generated >= x.req.output_tokens:
                     finished.append(x)
                 else:
                     x.decoding = True
-        rule.observe(results, None if prefill_tokens else step_ms)
-        if finished:
-            gone = set(map(id, finished))
-            running = [x for x in running if id(x) not in gone]
-            for x in finished:
-                if x.decoding:
-                    rule.leave(x.req.request_id)
-                records.append(
-                    RequestRecord(x.req.request_id, x.req.cls, x.phase, x.arrival, x.first_token, t,
-                                  x.generated, x.steps, x.drafted, x.accepted)
-                )
-                spans[x.phase][1] = max(spans[x.phase][1], t)
-                phase_tokens[x.phase] = phase_tokens.get(x.phase, 0) + x.generated
-                if concurrency is not None:
-                    in_flight -= 1
+        return finished
 
-    start = min((s[0] for s in spans.values()), default=0.0)
-    return SimRun(
-        config=config.label,
-        requests=records,
-        phase_spans=[(spans[p][0], spans[p][1], phase_tokens.get(p, 0)) for p in sorted(spans)],
-        steps=steps,
-        decode_request_steps=decode_request_steps,
-        depth_histogram=dict(sorted(depth_hist.items())),
-        drafter_steps=drafter_steps,
-        batch_sum=batch_sum,
-        duration_ms=t - start,
-        rule_summary=rule.summary(),
-        catch_up_tokens=catch_up_total,
-        idle_drafter_steps=idle_steps,
-        skipped_prompt_steps=skipped_prompts,
-        plugin_ms=plugin_ms * steps,
-    )
+    def _retire(self, finished: list[_Live]) -> None:
+        """6. Finished requests leave the batch (and the rule), with their records; their clients are free."""
+        gone = set(map(id, finished))
+        self.running = [x for x in self.running if id(x) not in gone]
+        t = self.t
+        for x in finished:
+            if x.decoding:
+                self.rule.leave(x.req.request_id)
+            self.records.append(
+                RequestRecord(x.req.request_id, x.req.cls, x.phase, x.arrival, x.first_token, t,
+                              x.generated, x.steps, x.drafted, x.accepted)
+            )
+            self.spans[x.phase][1] = max(self.spans[x.phase][1], t)
+            self.phase_tokens[x.phase] = self.phase_tokens.get(x.phase, 0) + x.generated
+            if self.concurrency is not None:
+                self.in_flight -= 1
+
+    def result(self) -> SimRun:
+        spans = self.spans
+        start = min((s[0] for s in spans.values()), default=0.0)
+        return SimRun(
+            config=self.config.label,
+            requests=self.records,
+            phase_spans=[(spans[p][0], spans[p][1], self.phase_tokens.get(p, 0)) for p in sorted(spans)],
+            steps=self.steps,
+            decode_request_steps=self.decode_request_steps,
+            depth_histogram=dict(sorted(self.depth_hist.items())),
+            drafter_steps=self.drafter_steps,
+            batch_sum=self.batch_sum,
+            duration_ms=self.t - start,
+            rule_summary=self.rule.summary(),
+            catch_up_tokens=self.catch_up_total,
+            idle_drafter_steps=self.idle_steps,
+            skipped_prompt_steps=self.skipped_prompts,
+            plugin_ms=self.plugin_ms * self.steps,
+        )
 
 
 def _replayable(decoding: Sequence[_Live], depths: Sequence[int], chunks: Sequence[tuple[_Live, int]],
