@@ -107,7 +107,8 @@ class TrackedBatch:
         for rid in [r for r in self._views if r not in wanted]:
             self.remove(rid)
         for rid, v in wanted.items():
-            if self._views.get(rid) != v:
+            current = self._views.get(rid)
+            if current is not v and current != v:  # views are cached per request: mostly the same object
                 self.add(v)
 
     @property

@@ -93,6 +93,13 @@ class DepthRules:
             out[r] = min(max(d, 0), k)
         return out
 
+    def capped(self, depth: int, cls: str) -> int:
+        """One depth as `apply_caps` bounds it for a request of class ``cls``."""
+        cap = self.class_caps.get(cls) if self.class_caps else None
+        if cap is not None and cap < depth:
+            depth = cap
+        return min(max(depth, 0), self.engine_k)
+
     def drafting_depth(self, depths: Mapping[str, int]) -> int:
         """Drafts per request the drafter proposes in the step: the deepest verified depth when lowering, else K."""
         if self.lower_drafting and depths:

@@ -96,13 +96,14 @@ class _Counts:
             for (judged, accepted), w in pending.items():
                 self.add_pair(judged, accepted, w * f)
 
-    def defer(self, outcomes: Mapping[tuple[int, int], float], decay: float) -> None:
-        """Queue ``(judged, accepted) -> drafts`` observed now (at ``clock``); added by the next `age`."""
+    def defer(self, outcomes: Mapping[tuple[int, int], float], decay: float, inverse_powers: Sequence[float]) -> None:
+        """Queue ``(judged, accepted) -> drafts`` observed now (at ``clock``); added by the next `age`.
+        ``inverse_powers[n]``: ``decay ** -n`` for n <= `_MAX_PENDING_STEPS` (computed once per estimator)."""
         lag = self.clock - self.step
         if lag > self._MAX_PENDING_STEPS:
             self.age(decay)
             lag = 0
-        scale = decay ** -lag if lag else 1.0
+        scale = inverse_powers[lag] if lag else 1.0
         pending = self.pending
         for key, m in outcomes.items():
             pending[key] = pending.get(key, 0.0) + m * scale
@@ -149,6 +150,7 @@ class AcceptanceEstimator:
         self._step = 0
         self._classes: dict[str, _Counts] = {}
         self._global = _Counts(self.max_k, 0)
+        self._inverse_powers = [self.decay ** -n if n else 1.0 for n in range(_Counts._MAX_PENDING_STEPS + 1)]
         # class -> (trials, successes) per position that never decay: a stored profile's anchor (`from_profiles`)
         self._anchors: dict[str, tuple[list[float], list[float]]] = {}
 
@@ -212,8 +214,13 @@ class AcceptanceEstimator:
             key = (accepted + 1 if accepted < drafted else drafted, accepted)
             judged_outcomes[key] = judged_outcomes.get(key, 0.0) + m
         if judged_outcomes:
-            for counts in self._targets(cls):
-                counts.defer(judged_outcomes, self.decay)
+            counts = self._classes.get(cls)
+            if counts is None:
+                counts = self._counts(cls)
+            decay, powers = self.decay, self._inverse_powers
+            if counts is not None:
+                counts.defer(judged_outcomes, decay, powers)
+            self._global.defer(judged_outcomes, decay, powers)
 
     def observe_many(
         self, cls: str, num_drafted: Sequence[int] | np.ndarray, num_accepted: Sequence[int] | np.ndarray

@@ -74,14 +74,34 @@ class DepthDecider:
         if same_batch and last is not None and last[1] is rules and (last[0] is key or last[0] == key):
             return last[2]  # same requests, same decision (or base depth), same rules as last step: same depths
         if adaptive:
-            chosen = {v.request_id: key.depth_for(v) for v in self._last_views}
+            if rules.class_caps:  # first labelling offers a request to the trace reservoir: keep the order
+                for r in ids:
+                    self.labels.label(r)
+            depths = self._adaptive_depths(key, rules)
         else:  # one base depth; opt-out and caps per request
             labeled = {r: self.labels.labeled(r) for r in ids}
             chosen = rules.uniform(key, {r: not x.view.speculate for r, x in labeled.items()})
             chosen = {r: labeled[r].bound(d) for r, d in chosen.items()}
-        classes = {r: self.labels.label(r)[0] for r in ids} if rules.class_caps else {}
-        depths = rules.apply_caps(chosen, classes)
+            classes = {r: self.labels.label(r)[0] for r in ids} if rules.class_caps else {}
+            depths = rules.apply_caps(chosen, classes)
         self._last_depths = (key, rules, depths)
+        return depths
+
+    def _adaptive_depths(self, decision: Any, rules: DepthRules) -> dict[str, int]:
+        """Each request's depth under ``decision``, capped by ``rules``: `Decision.depth_for` then
+        `DepthRules.capped`, computed once per cohort (a request's depth depends only on its cohort, unless it
+        explores)."""
+        explore = decision.explore
+        per_cohort: dict[Any, int] = {}
+        depths = {}
+        for view in self._last_views:
+            cohort = view.cohort
+            depth = per_cohort.get(cohort)
+            if depth is None or view.request_id in explore:
+                depth = rules.capped(decision.depth_for(view), cohort[0])
+                if view.request_id not in explore:
+                    per_cohort[cohort] = depth
+            depths[view.request_id] = depth
         return depths
 
     def batch_of(self, output: Any) -> int | None:

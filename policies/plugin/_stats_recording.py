@@ -85,6 +85,7 @@ class StatsRecorder:
         # recorded under "other", so the file's size does not grow with the number of distinct labels clients send.
         self._class_labels = LabelBook(max_classes)
         self._phase_labels = LabelBook(max_phases)
+        self._admitted: dict[tuple[str, str], tuple[str, str]] = {}  # (class, phase) pairs admitted unfolded
         self.max_traces = max_traces
         self.max_trace_steps = max_trace_steps
         # request id -> (class, phase, steps, [last step seen]); steps flat: verified, accepted, verified, ... (an
@@ -165,19 +166,27 @@ class StatsRecorder:
         with the distinct outcomes, not with the batch). ``traces``: (request id, class, phase, drafted, accepted)
         per request, for the per-request traces."""
         self.steps += 1
-        classes, phases_book = self._class_labels, self._phase_labels
         if traces is not None and self.max_traces > 0:
             self._observe_traces_rows(traces)
-        depths = set()
-        phases = set()
-        hist, acceptance = self._depth_hist, self._acceptance
-        for (raw_cls, raw_phase), outcomes in tally.outcomes.items():
-            cls, phase = classes.admit(raw_cls), phases_book.admit(raw_phase)
-            phases.add(phase)
+        # The step's phase ("mixed" when it has several) and its uniform verified depth (None when several).
+        step_phase: str | None = None
+        uniform: int | None = None
+        several_depths = False
+        hist, acceptance, admitted = self._depth_hist, self._acceptance, self._admitted
+        for label, outcomes in tally.outcomes.items():
+            known = admitted.get(label)
+            cls, phase = known if known is not None else self._admit(label)
+            if step_phase is None:
+                step_phase = phase
+            elif phase != step_phase:
+                step_phase = "mixed"
             for (drafted, accepted), m in outcomes.items():
                 if not 0 <= accepted <= drafted:
                     raise ValueError(f"accepted drafts must be in [0, drafted={drafted}], but got {accepted}.")
-                depths.add(drafted)
+                if uniform is None:
+                    uniform = drafted
+                elif drafted != uniform:
+                    several_depths = True
                 hist[drafted] = hist.get(drafted, 0) + m
                 if drafted == 0:
                     continue
@@ -191,7 +200,7 @@ class StatsRecorder:
         if tally.prompt_tokens > 0 or not tally.size:
             self.mixed_steps += 1
             if step_ms is not None and math.isfinite(step_ms) and step_ms > 0:
-                mkey = (phases.pop() if len(phases) == 1 else "mixed", drafting_depth > 0)
+                mkey = ("mixed" if step_phase is None else step_phase, drafting_depth > 0)
                 mixed = self.mixed_costs.get(mkey)
                 if mixed is None:
                     mixed = self.mixed_costs[mkey] = [0, 0.0, 0, 0]
@@ -203,9 +212,8 @@ class StatsRecorder:
         self.decode_steps += 1
         if step_ms is None or not math.isfinite(step_ms) or step_ms <= 0:
             return
-        phase = phases.pop() if len(phases) == 1 else "mixed"
-        uniform = next(iter(depths)) if len(depths) == 1 else None
-        ckey = (phase, tally.size, uniform, tally.verified, drafting_depth)
+        phase = "mixed" if step_phase is None else step_phase
+        ckey = (phase, tally.size, None if several_depths else uniform, tally.verified, drafting_depth)
         entry = self._costs.get(ckey)
         if entry is None:
             room = self.max_samples_per_key if len(self._costs) < self.max_cost_keys else 0
@@ -220,6 +228,15 @@ class StatsRecorder:
             if j < entry.room:
                 entry.samples[j] = step_ms
                 entry.json = None
+
+    def _admit(self, label: tuple[str, str]) -> tuple[str, str]:
+        """(class, phase) as recorded (`LabelBook.admit`); remembered when neither was folded (a label once admitted
+        stays admitted, while every folded one is counted)."""
+        raw_cls, raw_phase = label
+        admitted = (self._class_labels.admit(raw_cls), self._phase_labels.admit(raw_phase))
+        if admitted == label:
+            self._admitted[label] = admitted
+        return admitted
 
     def observe_between_steps(self, ms: float, drafter_ran: bool) -> None:
         """The engine core spent ``ms`` (wall) between a step whose drafter ran (or not) and the next step."""
