@@ -292,11 +292,10 @@ class DepthController:
     ) -> None:
         """`observe_step` for a step already counted per class (what the scheduler plugin passes)."""
         estimator = self.estimator
-        present = []
+        observe = estimator.observe_counts
         for (cls, _phase), outcomes in tally.outcomes.items():
-            estimator.observe_counts(cls, outcomes)
-            present.append(cls)
-        estimator.advance(present=set(present) if len(present) > 1 else present)
+            observe(cls, outcomes)
+        estimator.advance(present={cls for cls, _phase in tally.outcomes})
         turn_on, self._turn_on = self._turn_on, None
         if turn_on is not None and step_ms is not None and tally.size and (drafting_depth or 0) > 0:
             # The step that turned the drafter on: what it took beyond a drafting step of its shape is the replay

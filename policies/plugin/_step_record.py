@@ -62,7 +62,7 @@ class StepObserver:
         cached = labels.class_phase
         requests = labels.requests
         outcomes = tally.outcomes
-        verified = deepest = size = 0
+        drafted_total = deepest = 0
         for req_id, n in scheduled_tokens.items():
             scheduled = spec.get(req_id)
             if not scheduled:  # no draft verified (the common case at depth 0 and in prefill): `request_outcome`
@@ -101,13 +101,14 @@ class StepObserver:
                 per_key = outcomes[key] = {}
             pair = (drafted, accepted)
             per_key[pair] = per_key.get(pair, 0) + 1
-            verified += drafted + 1
+            drafted_total += drafted
             if drafted > deepest:
                 deepest = drafted
             if traced:  # the request's steps are recorded (`PluginStats.admit_trace`)
                 rows.append((req_id, key[0], key[1], drafted, accepted))
-            size += 1
-        tally.size, tally.verified, tally.deepest, tally.prompt_tokens = size, verified, deepest, prompt_tokens
+        size = len(scheduled_tokens)
+        tally.size, tally.verified, tally.deepest = size, drafted_total + size, deepest
+        tally.prompt_tokens = prompt_tokens
         if known and prompt_tokens == 0:
             assert batch is not None
             self._off_observed = (batch, tally, rows)
