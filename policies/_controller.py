@@ -117,6 +117,10 @@ class DepthController:
         self._last: tuple[object, Decision] | None = None
         self._best: dict[str, int] | None = None  # last optimum, valid until refresh or enough churn
         self._best_mark: tuple[int, int] | dict[Cohort, int] = {}
+        # The last optimisation's inputs (tables, settings, batch size, cohort counts) and result: a batch whose
+        # replaced requests leave its composition as it was optimises to the same plan.
+        self._optimum_of: tuple[_Tables, ControllerSettings, int, dict[Cohort, int]] | None = None
+        self._optimum_plan: dict[str, int] = {}
         self._pending_samples: dict[tuple[int, int, int, bool], list[float]] = {}  # shape -> [steps, summed ms]
         self._drafting = 0  # drafting depth of the last decision: the drafter's width in the step it was made for
         self._since_explore = 0  # decisions since the last exploration
@@ -186,10 +190,7 @@ class DepthController:
         size = len(batch)
         best_plan = self._best
         if best_plan is None or self._churned(batch, counts, size) or not present <= best_plan.keys():
-            if self.settings.per_request:
-                best_plan = self._best_per_request(tables, counts, size)
-            else:
-                best_plan = self._best_uniform(tables, counts, size)
+            best_plan = self._optimum(tables, counts, size)
             self._best = best_plan
             self._best_mark = (id(batch), batch.changes) if isinstance(batch, TrackedBatch) else dict(counts)
         if len(best_plan) != len(present):
@@ -362,6 +363,7 @@ class DepthController:
 
     # ---- internals ------------------------------------------------------------------------------------------------
     def _add_class(self, tables: _Tables, cls: str) -> None:
+        self._optimum_of = None
         self._add_table(tables, cls, self.estimator.acceptance_length_tables((cls,), self.max_k)[cls])
         tables.order.sort(key=lambda item: (-item[2], item[1]))
 
@@ -445,6 +447,19 @@ class DepthController:
             if k > deepest:
                 deepest = k
         return n, self._step_ms(t, size, verified, deepest > 0, deepest), deepest
+
+    def _optimum(self, t: _Tables, counts: Mapping[Cohort, int], size: int) -> dict[str, int]:
+        """The best class plan for this batch (`_best_per_request` or `_best_uniform`), a pure function of its
+        arguments and the settings: reused while they are the same."""
+        last = self._optimum_of
+        if last is not None and last[0] is t and last[1] is self.settings and last[2] == size and last[3] == counts:
+            return dict(self._optimum_plan)
+        if self.settings.per_request:
+            plan = self._best_per_request(t, counts, size)
+        else:
+            plan = self._best_uniform(t, counts, size)
+        self._optimum_of, self._optimum_plan = (t, self.settings, size, dict(counts)), dict(plan)
+        return plan
 
     def _best_uniform(self, t: _Tables, counts: Mapping[Cohort, int], size: int) -> dict[str, int]:
         classes = {c[0] for c in counts}
