@@ -79,7 +79,8 @@ SECTION_HELP: dict[str, str] = {
         "Each dot is one configuration the search evaluated: left in the order it ran (the line is the best so far), "
         "right by draft depth K. Colours separate drafters and parallel vs sequential drafting; red crosses are "
         "trials that failed (for example out of memory) and have no value. The gold star is the recommended "
-        "configuration (within 0.1% of the top, the search prefers the smaller K)."
+        "configuration (within 0.1% of the top, or within the prediction's spread for predicted figures, the search "
+        "prefers the smaller K)."
     ),
     "Pareto fronts": (
         "Each dot is a configuration of a multi-objective study; the gold diamonds form the Pareto front, where no "

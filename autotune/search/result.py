@@ -1,9 +1,11 @@
 """What a scenario's search returns, and the rules that pick its recommendation from the finished trials.
 
 Picking: the best feasible trial (highest tokens/s, or lowest TPOT p50 for latency; the Pareto front's
-highest-throughput point for pareto); ties within 0.1% go to a max_num_seqs no larger than the concurrency (more
-sequences than clients only pays when it beats every such config by more than 0.1%), then the smallest K, then
-max_num_seqs closest to the concurrency, which serve the same with less verification work and memory. A pick above
+highest-throughput point for pareto); ties within 0.1% (for predicted figures: within the prediction's spread,
+`tie_margin`, so a predicted win inside the model's noise goes to the simpler config) go to a max_num_seqs no larger
+than the concurrency (more sequences than clients only pays when it beats every such config by more than the
+margin), then the smallest K, then max_num_seqs closest to the concurrency, which serve the same with less
+verification work and memory. A pick above
 the concurrency is also compared with the same config at the concurrency (measured if no trial tried it), which it
 must beat by more than 0.1%. When no trial meets the SLOs the one closest to them (smallest total violation) is
 shown and marked infeasible: it is never recommended.
@@ -169,8 +171,9 @@ class ScenarioResult:
         return faster[0] if faster else None
 
 
-def rule(objective: Objective, feasible: bool) -> str:
-    """How the recommendation was picked, in words (shown with every result)."""
+def rule(objective: Objective, feasible: bool, margin: float = TIE) -> str:
+    """How the recommendation was picked, in words (shown with every result); ``margin``: the tie margin the pick
+    used (`tie_margin`: wider than 0.1% for predicted figures)."""
     slos = objective.describe_slos()
     if not feasible:
         return (
@@ -178,7 +181,9 @@ def rule(objective: Objective, feasible: bool) -> str:
             "recommended"
         )
     meeting = f" among configs meeting {slos}" if slos else ""
-    tie = ("; ties within 0.1% go to max_num_seqs <= the concurrency, then the smallest K, then max_num_seqs "
+    margin = TIE if objective.multi else margin  # the Pareto front's points tie within 0.1% (`pick`)
+    within = f"{margin:.1%}" + (" (the prediction's spread)" if margin > TIE else "")
+    tie = (f"; ties within {within} go to max_num_seqs <= the concurrency, then the smallest K, then max_num_seqs "
            "closest to the concurrency")
     if objective.multi:
         return f"the Pareto front's highest-throughput point{meeting}{tie}"
@@ -401,7 +406,7 @@ def summarize(
         n_running=len(running),
         n_excluded=len(excluded),
         feasible=ok,
-        rule=rule(objective, ok) + (
+        rule=rule(objective, ok, tie_margin(prediction_log_sigma(chosen))) + (
             f"; {len(excluded)} trial{'s' if len(excluded) != 1 else ''} with NaN or infinite figures left out"
             if excluded else ""
         ),
