@@ -496,3 +496,48 @@ def test_the_measured_catch_up_of_an_exploration_sets_how_often_it_explores() ->
                          drafting_depth=d.batch_depth)
     assert ctl.catch_up_ms == pytest.approx(20.0)
     assert explored == [41, 155, 269]
+
+
+def test_a_churning_batch_gets_the_decisions_of_a_controller_that_always_reoptimises() -> None:
+    # The controller reuses its last optimum while the batch's cohorts, the tables and the settings are unchanged;
+    # reuse must never change a decision. Replacements keep or change the composition at random, and learning
+    # (every step observed, tables refreshed every 4 decisions, acceptance flipping between classes) changes the
+    # tables in between.
+    class AlwaysReoptimises(DepthController):
+        def _optimum(self, t: Any, counts: Any, size: int) -> dict[str, int]:
+            return self._best_per_request(t, counts, size)
+
+    profiles = {"chat": CHAT, "code": AcceptanceProfile(100, (95, 90, 85)), "math": AcceptanceProfile(100, (30, 5, 1))}
+
+    def build(cls: type[DepthController]) -> DepthController:
+        estimator = AcceptanceEstimator.from_profiles(profiles, max_k=3, prior_strength=20.0)
+        cost = StepCostModel.from_dict(LINEAR.to_dict())
+        return cls(cost, estimator, max_k=3, static_k=2, refresh_every=4, explore_every=0, drafter_always_runs=False)
+
+    rng = np.random.default_rng(5)
+    controllers = [build(DepthController), build(AlwaysReoptimises)]
+    batches = [TrackedBatch(), TrackedBatch()]
+    live: list[RequestView] = []
+    kinds = [("chat", None), ("code", None), ("code", 1), ("math", None)]
+    for step in range(400):
+        if not live or rng.random() < 0.4:
+            if live and rng.random() < 0.8:
+                gone = live.pop(int(rng.integers(len(live))))
+                for b in batches:
+                    b.remove(gone.request_id)
+            while len(live) < 6:
+                cls, cap = kinds[int(rng.integers(len(kinds)))]
+                view = RequestView(f"s{step}-{len(live)}", cls, max_k=cap)
+                live.append(view)
+                for b in batches:
+                    b.add(view)
+        decisions = [c.decide(b) for c, b in zip(controllers, batches, strict=True)]
+        assert decisions[0].depths == decisions[1].depths, step
+        assert dict(decisions[0].plan) == dict(decisions[1].plan), step
+        good = "code" if step < 200 else "math"  # acceptance flips half-way: the tables (and the optimum) move
+        results = [(v.request_id, v.cls, d, d if v.cls == good else int(rng.integers(d + 1) // 2)) for v, d in
+                   ((v, decisions[0].depth_for(v)) for v in live)]
+        step_ms = 10.0 + sum(d + 1 for _r, _c, d, _a in results) * float(rng.uniform(0.9, 1.1))
+        for c in controllers:
+            c.observe_step(results, step_ms=step_ms)
+    assert controllers[0].switches == controllers[1].switches > 0
