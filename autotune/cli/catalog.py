@@ -136,13 +136,13 @@ def _workloads() -> list[dict[str, Any]]:
 
 
 def _view(kind: str, rows: list[dict[str, Any]], *, wide: bool) -> RenderableType:
-    from autotune.cli._tables import _table, fmt, model_alias, titled
+    from autotune.cli._tables import fmt, model_alias, plain_table, titled
 
     if not rows:
         return Text(f"No {kind} match.")
     if kind == "models":
         cols = ["model", "id", "params", "active", "drafters", *(["weights"] if wide else [])]
-        table = _table(*cols, right={"params", "active", "drafters"})
+        table = plain_table(*cols, right={"params", "active", "drafters"})
         for r in rows:
             table.add_row(r["name"], r["id"], fmt(r["total_params_b"], ".1f", "B"),
                           fmt(r["active_params_b"], ".1f", "B"), str(r["drafters"]),
@@ -151,7 +151,7 @@ def _view(kind: str, rows: list[dict[str, Any]], *, wide: bool) -> RenderableTyp
                       "params: total parameters; active: per token (MoE); drafters: released heads in the catalog.")
     if kind == "drafters":
         cols = ["drafter", "target", "kind", "L", "PD", "K", "acc.", *(["published acceptance", "id"] if wide else [])]
-        table = _table(*cols, right={"L", "K"})
+        table = plain_table(*cols, right={"L", "K"})
         for r in rows:
             k = "-" if r["recommended_k"] is None else str(r["recommended_k"])
             table.add_row(
@@ -166,7 +166,7 @@ def _view(kind: str, rows: list[dict[str, Any]], *, wide: bool) -> RenderableTyp
         return titled(f"Drafters ({len(rows)}); --drafter takes the name, the id or a local directory:", table, *notes)
     if kind == "gpus":
         cols = ["gpu", "name", "memory", "bandwidth", "BF16", "FP8"]
-        table = _table(*cols, right={"memory", "bandwidth", "BF16", "FP8"})
+        table = plain_table(*cols, right={"memory", "bandwidth", "BF16", "FP8"})
         for r in rows:
             table.add_row(r["name"], r["display_name"], fmt(r["memory_gb"], ".0f", " GB"),
                           fmt(r["memory_bandwidth_gbps"], ".0f", " GB/s"), fmt(r["bf16_tflops"], ".0f"),
@@ -174,7 +174,7 @@ def _view(kind: str, rows: list[dict[str, Any]], *, wide: bool) -> RenderableTyp
         return titled(f"GPUs ({len(rows)}); --gpu takes the key, the name or what nvidia-smi prints:", table,
                       "BF16, FP8: dense tensor-core TFLOPS (datasheet).")
     cols = ["workload", "classes", "requests"]
-    table = _table(*cols, right={"requests"})
+    table = plain_table(*cols, right={"requests"})
     for r in rows:
         table.add_row(r["name"], ", ".join(f"{c} {n}" for c, n in r["classes"].items()), str(r["requests"]))
     return titled(f"Built-in workloads ({len(rows)}); --workload also takes a .jsonl / ShareGPT .json file or "
