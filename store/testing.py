@@ -7,6 +7,8 @@ contract tests on PostgreSQL too; the tests drop every ``peagle_*`` table in tha
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 from sqlalchemy import MetaData
 
@@ -33,3 +35,27 @@ def drop_peagle_tables(url: str) -> None:
             metadata.drop_all(connection)
     finally:
         engine.dispose()
+
+
+def database_url(kind: str, tmp_path: Path, tests: str) -> Iterator[str]:
+    """The database a test runs on, for a parametrized pytest fixture to ``yield from``.
+
+    `kind`: ``"sqlite-memory"`` (gone with its Store), ``"sqlite-file"`` or ``"sqlite"`` (a file under `tmp_path`, so
+    it can be reopened), or ``"postgres"`` (`postgres_test_url`, its peagle_* tables dropped before and after; the
+    test is skipped, saying "set PEAGLE_TEST_POSTGRES_URL to run `tests` on PostgreSQL", when it is unset).
+    """
+    if kind == "sqlite-memory":
+        yield "sqlite://"
+    elif kind in ("sqlite-file", "sqlite"):
+        yield f"sqlite:///{tmp_path / 'peagle.db'}"
+    elif kind == "postgres":
+        url = postgres_test_url()
+        if url is None:
+            import pytest  # only tests call this; the library does not need pytest
+
+            pytest.skip(f"set {POSTGRES_URL_ENV} to run {tests} on PostgreSQL")
+        drop_peagle_tables(url)
+        yield url
+        drop_peagle_tables(url)
+    else:
+        raise ValueError(f"unknown test database kind {kind!r}: use sqlite-memory, sqlite-file or postgres")

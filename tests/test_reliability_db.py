@@ -33,7 +33,7 @@ from autotune.search.study import MAX_STUDY_PREFIX_CHARS, fitting_study_prefix
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import DatabaseCorruptError, InvalidRecordError, Store, mask_password
-from store.testing import POSTGRES_URL_ENV, drop_peagle_tables, postgres_test_url
+from store.testing import database_url
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -44,15 +44,7 @@ PEAGLE = DrafterChoice("amazon/gpt-oss-120b-p-eagle", "eagle3", 4, parallel_capa
 
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'peagle.db'}"
-        return
-    url = postgres_test_url()
-    if url is None:
-        pytest.skip(f"set {POSTGRES_URL_ENV} to run the database probes on PostgreSQL")
-    drop_peagle_tables(url)
-    yield url
-    drop_peagle_tables(url)
+    yield from database_url(request.param, tmp_path, "the database probes")
 
 
 def _raw(url: str, sql: str, **params: Any) -> None:

@@ -26,7 +26,7 @@ from store import (
 from store import _validate as v
 from store._models import Environment, utcnow
 from store._rows import get_or_create
-from store.testing import POSTGRES_URL_ENV, drop_peagle_tables, postgres_test_url
+from store.testing import database_url
 
 BACKENDS = [
     pytest.param("sqlite-memory", id="sqlite-memory"),
@@ -53,18 +53,7 @@ STEP_COSTS = [
 
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    kind = request.param
-    if kind == "sqlite-memory":
-        yield "sqlite://"
-    elif kind == "sqlite-file":
-        yield f"sqlite:///{tmp_path / 'peagle.db'}"
-    else:
-        url = postgres_test_url()
-        if url is None:
-            pytest.skip(f"set {POSTGRES_URL_ENV} to run the store contract on PostgreSQL")
-        drop_peagle_tables(url)
-        yield url
-        drop_peagle_tables(url)
+    yield from database_url(request.param, tmp_path, "the store contract")
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from store import (
 )
 from store._engine import SQLITE_BUSY_TIMEOUT_MS, create_store_engine
 from store._models import VERSION_TABLE, Base
-from store.testing import POSTGRES_URL_ENV, drop_peagle_tables, postgres_test_url
+from store.testing import database_url
 
 REOPENABLE_BACKENDS = [
     pytest.param("sqlite-file", id="sqlite-file"),
@@ -61,15 +61,7 @@ def downgrade() -> None:
 @pytest.fixture(params=REOPENABLE_BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database that outlives one Store (SQLite file or PostgreSQL), so it can be reopened."""
-    if request.param == "sqlite-file":
-        yield f"sqlite:///{tmp_path / 'peagle.db'}"
-        return
-    url = postgres_test_url()
-    if url is None:
-        pytest.skip(f"set {POSTGRES_URL_ENV} to run the schema tests on PostgreSQL")
-    drop_peagle_tables(url)
-    yield url
-    drop_peagle_tables(url)
+    yield from database_url(request.param, tmp_path, "the schema tests")
 
 
 @pytest.fixture

@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
-
-from autotune.cli import main
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
+from ux_cli import cli
 
 
 @pytest.fixture(scope="module")

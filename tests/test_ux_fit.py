@@ -7,24 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from click.testing import CliRunner, Result
+from ux_cli import cli, columns_80  # noqa: F401  (tests/ is on sys.path; columns_80: autouse)
 
 from autotune.backends.model import ModelBackend, WorkloadShape
-from autotune.cli import main
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 
 SEARCH = ["search", "--model", "gpt-oss-120b", "--backend", "model", "--max-k", "4", "--trials", "10"]
-
-
-@pytest.fixture(autouse=True)
-def columns_80(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def test_a_model_that_does_not_fit_is_refused_before_any_trial(tmp_path: Path) -> None:

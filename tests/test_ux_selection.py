@@ -24,21 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
+from ux_cli import cli, columns_80  # noqa: F401  (tests/ is on sys.path; columns_80: autouse)
 
-from autotune.cli import main
 from autotune.search.result import tie_margin
 
 SEARCH = ["search", "--backend", "model", "--gpu", "h200", "--max-k", "4", "--trials", "20"]
-
-
-@pytest.fixture(autouse=True)
-def columns_80(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def ok(*args: str) -> Result:

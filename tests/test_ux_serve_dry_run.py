@@ -10,13 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-
-from autotune.cli import main
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
+from ux_cli import cli
 
 
 @pytest.fixture(autouse=True)

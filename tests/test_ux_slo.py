@@ -18,22 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-
-from autotune.cli import main
+from click.testing import Result
+from ux_cli import cli, columns_80  # noqa: F401  (tests/ is on sys.path; columns_80: autouse)
 
 SEARCH = ["search", "--model", "gpt-oss-120b", "--backend", "model", "--gpu", "h200", "--max-k", "4",
           "--trials", "20"]
 NO_TAIL = "p99 = p50 (no tail modelled)"
-
-
-@pytest.fixture(autouse=True)
-def columns_80(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def flat(text: str) -> str:

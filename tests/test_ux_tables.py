@@ -11,13 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
-
-from autotune.cli import main
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
+from ux_cli import cli
 
 
 @pytest.fixture(scope="module")
