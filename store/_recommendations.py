@@ -39,10 +39,12 @@ class Recommendations(Repository):
     ) -> int:
         """Store a recommendation for `model` on `gpu` ("cpu" or GPU name); returns its id.
 
-        Idempotent within a `study`: when that study already holds a recommendation with exactly these fields (the
-        same result, e.g. from several workers that shared the study and finished together), its id is returned and
-        nothing is stored. Writers of one study take turns (SQLite: the write lock, taken before looking; PostgreSQL:
-        an advisory lock on the study), so concurrent workers store one row, never one each.
+        One recommendation per scenario of a `study`: when the study already holds one for the same model, GPU,
+        objective, workload and scenario, it is updated in place with these fields and keeps its id (several workers
+        sharing a study each store when they finish; the last to finish has seen every trial, so its result is the
+        one kept; a re-run that extends the study updates it the same way). Writers of one study take turns (SQLite:
+        the write lock, taken before looking; PostgreSQL: an advisory lock on the study), so concurrent workers store
+        one row, never one each.
         """
         row = Recommendation(
             model=v.text("model", model),
@@ -64,9 +66,14 @@ class Recommendations(Repository):
         with self._session() as session:
             if row.study is not None:
                 _take_turns(session, row.study)
-                for stored in session.scalars(select(Recommendation).where(Recommendation.study == row.study)):
-                    if all(getattr(stored, name) == getattr(row, name) for name in _CONTENT):
-                        return stored.id
+                stored = next((r for r in session.scalars(
+                    select(Recommendation).where(Recommendation.study == row.study).order_by(Recommendation.id.desc())
+                ) if all(getattr(r, name) == getattr(row, name) for name in _SCENARIO)), None)
+                if stored is not None:
+                    if not all(getattr(stored, name) == getattr(row, name) for name in _CONTENT):
+                        for name in (*_CONTENT, "created_at"):
+                            setattr(stored, name, getattr(row, name))
+                    return stored.id
             session.add(row)
             session.flush()
             return row.id
@@ -98,6 +105,8 @@ class Recommendations(Repository):
 
 #: The columns that make two recommendations the same (all but the id and the time of storing).
 _CONTENT = tuple(c.key for c in Recommendation.__table__.columns if c.key not in ("id", "created_at"))
+#: What makes two recommendations of one study the same scenario's (the rest is the result, which may be updated).
+_SCENARIO = ("model", "gpu", "objective", "workload_name", "workload_hash", "scenario")
 
 
 def _take_turns(session: Session, study: str) -> None:
