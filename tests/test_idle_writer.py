@@ -126,17 +126,20 @@ def test_the_last_step_of_a_burst_returns_before_the_file_is_written_and_the_fil
     monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
     scheduler = FakeEngineCore(SyncExecutor()).build(PeagleScheduler)  # type: ignore[arg-type]
 
-    def burst(names: tuple[str, ...]) -> None:
+    def burst(names: tuple[str, ...]) -> float:
+        """Runs the burst; returns when its last step started (the engine went idle during that step)."""
         for name in names:
             _add(scheduler, name)
+        started = time.monotonic()
         while scheduler.get_num_unfinished_requests():
+            started = time.monotonic()
             _step(scheduler)
+        return started
 
-    burst(("a", "b"))
-    ended = time.monotonic()
+    last_step = burst(("a", "b"))
     assert not stats_path.exists()  # the step that ended the burst did not write it
     assert _wait_for(stats_path.is_file)
-    assert time.monotonic() - ended >= delay_s
+    assert time.monotonic() - last_step >= delay_s  # written delay_s after the engine went idle, not before
     first = PluginStats.load(stats_path)
     assert first.depth_histogram() == {0: 2 * MAX_TOKENS}  # every request-step of the burst
 
