@@ -44,7 +44,8 @@ STEPS: list[tuple[str, str, str]] = [
      "peagle-tune export --concurrency 8 --format vllm-args"),
     ("Export one config for every load",
      "vLLM's num_speculative_tokens_per_batch_size: K follows the batch size. It comes from the highest "
-     "concurrency searched, whose schedule covers the most batch sizes.",
+     "concurrency searched, whose schedule covers the most batch sizes. The warning is for P-EAGLE: vLLM 0.32 "
+     "mishandles this schedule with parallel drafting, so serve it with `peagle-tune serve` (step 8).",
      "peagle-tune export --format schedule"),
     ("Export a file for `vllm serve --config`", "It starts with what it holds.",
      "peagle-tune export --concurrency 64 --format yaml --out serve.yaml && cat serve.yaml"),
