@@ -81,21 +81,15 @@ class DepthRules:
 
     def apply_caps(self, depths: Mapping[str, int], class_of: Mapping[str, str]) -> dict[str, int]:
         """Each request's depth capped by its class's cap (``class_of``: request id -> class, read only when there
-        are caps) and bounded to [0, K]."""
-        caps = self.class_caps
-        k = self.engine_k
-        out = {}
-        for r, d in depths.items():
-            if caps:
-                cap = caps.get(class_of[r])
-                if cap is not None and cap < d:
-                    d = cap
-            out[r] = min(max(d, 0), k)
-        return out
+        are caps) and bounded to [0, K] (`capped`)."""
+        capped = self.capped
+        if self.class_caps:
+            return {r: capped(d, class_of[r]) for r, d in depths.items()}
+        return {r: capped(d, None) for r, d in depths.items()}
 
-    def capped(self, depth: int, cls: str) -> int:
-        """One depth as `apply_caps` bounds it for a request of class ``cls``."""
-        cap = self.class_caps.get(cls) if self.class_caps else None
+    def capped(self, depth: int, cls: str | None) -> int:
+        """One depth capped by the cap of class ``cls`` (None: no class cap) and bounded to [0, K]."""
+        cap = self.class_caps.get(cls) if cls is not None and self.class_caps else None
         if cap is not None and cap < depth:
             depth = cap
         return min(max(depth, 0), self.engine_k)
