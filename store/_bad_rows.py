@@ -16,7 +16,8 @@ import typing
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from sqlalchemy import JSON, inspect
+from sqlalchemy import JSON, Select, inspect
+from sqlalchemy.orm import Session
 
 from store._validate import unicode_problem
 from store.exceptions import BadRowError
@@ -132,3 +133,21 @@ def readable(
             report(bad)
             continue
         yield record
+
+
+def first_readable(
+    session: Session, query: Select[Any], to_record: Callable[[Any], RecordT], report: Callable[[BadRowError], None]
+) -> RecordT | None:
+    """The record of the first row of `query` that can be read (the rows before it are handed to `report`), or None.
+
+    Reads one row, and further rows (in growing pages) only while those read cannot be read, so the newest of a
+    long table costs one ``LIMIT 1``, as it did before bad rows were skipped.
+    """
+    offset, size = 0, 1
+    while True:
+        rows = session.scalars(query.offset(offset).limit(size)).unique().all()
+        for record in readable(rows, to_record, report):
+            return record
+        if len(rows) < size:
+            return None
+        offset, size = offset + size, min(size * 8, 512)

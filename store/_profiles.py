@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Select, select
 
 from store import _validate as v
-from store._bad_rows import checked, readable
+from store._bad_rows import checked, first_readable, readable
 from store._environments import environment_record
 from store._models import PROFILE_KINDS, Environment, Profile, Workload, utcnow
 from store._records import ProfileRecord
@@ -101,7 +101,7 @@ class Profiles(Repository):
         """The newest profile of `model` matching every filter given, or None if there is none."""
         query = _newest_first(model=model, drafter=drafter, device=device, workload_hash=workload_hash, kind=kind)
         with self._session() as session:
-            return next(readable(session.scalars(query).unique(), profile_record, self._bad_row), None)
+            return first_readable(session, query, profile_record, self._bad_row)
 
 
 def _newest_first(

@@ -11,7 +11,7 @@ from sqlalchemy import Select, false, select, text, update
 from sqlalchemy.orm import Session
 
 from store import _validate as v
-from store._bad_rows import readable
+from store._bad_rows import first_readable, readable
 from store._models import Recommendation, utcnow
 from store._records import RecommendationRecord
 from store._rows import Repository, get_row, limited, record_of, where_given
@@ -100,7 +100,7 @@ class Recommendations(Repository):
         """The newest recommendation matching every filter given, or None if there is none."""
         query = _newest_first(model=model, gpu=gpu, workload_hash=workload_hash, objective=objective)
         with self._session() as session:
-            return next(readable(session.scalars(query), recommendation_record, self._bad_row), None)
+            return first_readable(session, query, recommendation_record, self._bad_row)
 
 
 #: The columns that make two recommendations the same (all but the id and the time of storing).

@@ -148,6 +148,21 @@ def test_a_bad_stored_row_is_reported_in_one_line_and_skipped(db_url: str, tmp_p
     ]
 
 
+def test_the_latest_recommendation_skips_newer_rows_it_cannot_read(db_url: str) -> None:
+    with Store(db_url) as store:
+        good, *bad = [store.add_recommendation("m", gpu="cpu", objective="throughput", best_config={"k": k})
+                      for k in range(4)]
+    for row in bad:
+        _raw(db_url, "UPDATE peagle_recommendations SET best_config = :c WHERE id = :id", c='{"c\\ud800": 1}', id=row)
+    lines: list[str] = []
+    with Store(db_url, on_bad_row=lines.append) as store:
+        latest = store.latest_recommendation("m")
+        assert latest is not None and latest.id == good and latest.best_config == {"k": 0}
+        assert store.latest_recommendation("m", gpu="NVIDIA H200") is None
+    newest_first = [f"Skipped row {row} of peagle_recommendations" for row in bad[::-1]]
+    assert [line.split(":")[0] for line in lines] == newest_first
+
+
 def test_bad_json_and_an_absurd_study_name_on_sqlite_are_skipped(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'peagle.db'}"
     with Store(db) as store:
