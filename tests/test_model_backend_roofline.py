@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from autotune.backends._drafter_cost import draft_cost
-from autotune.backends._memory import predicted_fit
 from autotune.backends._roofline import (
     RooflineParams,
     attention_flops_per_token,
@@ -19,10 +18,9 @@ from autotune.backends._roofline import (
     target_pass,
     tensor_tflops,
 )
-from autotune.backends._step import Calibration, fit_calibration, step_time
+from autotune.backends._step import Calibration, fit_calibration, memory_budget, step_time
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import UsageError
-from autotune.fit import gpu_overhead_bytes
 
 # A GPU with round numbers: 1000 GB/s, 100 TFLOP/s bf16, 200 fp8, no fp4.
 GPU = GPUSpec(
@@ -346,19 +344,18 @@ def test_k_needs_a_drafter() -> None:
 # ---- memory ----------------------------------------------------------------------------------------------------
 
 
-def test_predicted_fit_counts_weights_drafter_and_kv() -> None:
-    # weights 1.1 B * 2 B = 2.2 GB; head stored = (32 M + 3 M + 100 M LM head + 100 M embedding) * 2 B = 0.47 GB;
-    # KV of one sequence of 100 + K 3 + 1 = 104 tokens, in 16-token blocks (112): 2 x 2 heads x 125 x 2 B = 1000 B
-    # per token and layer, * (10 + 2 head layers) * 112 = 1.344 MB; plus the TP-1 overhead, against 0.92 x 80 GB.
-    fit = predicted_fit(dense(), drafter(), GPU, 1, RooflineParams(), 1, 104)
-    assert fit.fits
-    assert fit.weight_bytes == pytest.approx(2.67e9)
-    assert fit.kv_bytes == 1000 * 12 * 112
-    assert fit.per_device_need == pytest.approx(2.67e9 + 1000 * 12 * 112 + gpu_overhead_bytes(1))
-    assert fit.per_device_budget == int(0.92 * 80e9)
-    # No drafter: its weights and KV layers are not counted.
-    plain = predicted_fit(dense(), None, GPU, 1, RooflineParams(), 1, 104)
-    assert (plain.weight_bytes, plain.kv_bytes) == (pytest.approx(2.2e9), 1000 * 10 * 112)
+def test_memory_budget_counts_weights_drafter_and_kv() -> None:
+    # usable = 0.9 * 80 - 2 = 70 GB; weights 1.1 B * 2 B = 2.2 GB; head stored = (32 M + 3 M + 100 M LM head
+    # + 100 M embedding) * 2 B = 0.47 GB; KV per request at 100 + 3 + 1 tokens: 1000 B * (10 + 2 head layers)
+    # * 104 = 1.248 MB.
+    budget = memory_budget(dense(), GPU, 100, drafter(), 3)
+    assert budget.usable_gb == pytest.approx(70.0)
+    assert budget.weights_gb == pytest.approx(2.2)
+    assert budget.drafter_gb == pytest.approx(0.47)
+    assert budget.kv_gb_per_request == pytest.approx(1.248e-3)
+    assert budget.max_requests == int((70.0 - 2.2 - 0.47) / 1.248e-3)
+    # No speculation: no drafter in memory.
+    assert memory_budget(dense(), GPU, 100, drafter(), 0).drafter_gb == 0.0
 
 
 # ---- calibration ---------------------------------------------------------------------------------------------

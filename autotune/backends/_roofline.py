@@ -174,6 +174,11 @@ class RooflineParams:
     (1.7 B parameters, 1.16 B of them embedding + LM head, 4 layers) implies ~16 h^2 per layer."""
     drafter_bytes_per_param: float = 2.0
     """Drafter heads are published in bf16."""
+    gpu_memory_utilization: float = 0.9
+    """vLLM's default --gpu-memory-utilization: the share of device memory the engine may use."""
+    runtime_reserve_gb: float = 2.0
+    """GB set aside inside that share for the CUDA context, CUDA graphs and peak activations (what vLLM's memory
+    profiling subtracts before sizing the KV cache; ~1-3 GB for decode-sized batches)."""
     default_prompt_tokens: int = 1024
     """Prompt length assumed when a workload gives none (tokens)."""
     default_output_tokens: int = 512
@@ -182,7 +187,7 @@ class RooflineParams:
     """Characters per token used to estimate a prompt's length from its text (English BPE averages ~4)."""
 
     def __post_init__(self) -> None:
-        for name in ("bandwidth_efficiency", "compute_efficiency", "moe_compute_efficiency"):
+        for name in ("bandwidth_efficiency", "compute_efficiency", "moe_compute_efficiency", "gpu_memory_utilization"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise UsageError(f"RooflineParams.{name} is a fraction in (0, 1], but got {name}={value}.")
@@ -205,6 +210,7 @@ class RooflineParams:
             "draft_pass_overhead_ms",
             "draft_token_overhead_ms",
             "sampler_bytes_per_logit",
+            "runtime_reserve_gb",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0.0):

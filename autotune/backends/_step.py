@@ -1,7 +1,7 @@
-"""One engine step from the roofline parts: target verification + drafting + fixed costs; calibration.
+"""One engine step from the roofline parts: target verification + drafting + fixed costs; memory; calibration.
 
 Pure functions over catalog specs (predictions, no GPU): `step_time` composes `target_pass` (autotune.backends.
-_roofline) and `draft_cost` (autotune.backends._drafter_cost);
+_roofline) and `draft_cost` (autotune.backends._drafter_cost); `memory_budget` says whether a deployment fits;
 `Calibration` / `fit_calibration` correct predicted step times from measured ones.
 """
 
@@ -13,15 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.backends._drafter_cost import DraftCost, draft_cost, drafter_pass
+from autotune.backends._drafter_cost import DraftCost, draft_cost, drafter_pass, drafter_weight_params, request_kv_bytes
 from autotune.backends._roofline import ZERO_PASS, Bound, PassCost, RooflineParams, routed_tokens, target_pass
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import UsageError
 
 __all__ = [
     "Calibration",
+    "MemoryBudget",
     "StepTime",
     "fit_calibration",
+    "memory_budget",
     "prefill_ms",
     "step_time",
 ]
@@ -231,3 +233,60 @@ def prefill_ms(
     if drafter is not None:
         cost += drafter_pass(drafter, model, gpu, tokens, tokens, 1, 1, tokens / 2.0, params).total_ms
     return cost
+
+
+# ---- memory -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Predicted device-memory use of a deployment, GB (10^9 bytes)."""
+
+    usable_gb: float
+    """gpu_memory_utilization * memory minus the runtime reserve."""
+    weights_gb: float
+    """Target weights as stored."""
+    drafter_gb: float
+    """Drafter weights (its embedding included)."""
+    kv_gb_per_request: float
+    """KV cache of one request at its longest context (target plus drafter layers)."""
+
+    @property
+    def kv_capacity_gb(self) -> float:
+        return self.usable_gb - self.weights_gb - self.drafter_gb
+
+    @property
+    def max_requests(self) -> int:
+        """Requests whose KV cache fits at once (0 when not even one does)."""
+        if self.kv_capacity_gb <= 0:
+            return 0
+        return int(self.kv_capacity_gb / self.kv_gb_per_request) if self.kv_gb_per_request > 0 else 10**9
+
+    def kv_gb(self, requests: int) -> float:
+        return requests * self.kv_gb_per_request
+
+
+def memory_budget(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    max_context_tokens: int,
+    drafter: DrafterSpec | None = None,
+    k: int = 0,
+    params: RooflineParams | None = None,
+) -> MemoryBudget:
+    """Device memory a deployment needs (predicted from parameter counts, not measured).
+
+    Example: gpt-oss-120b on one H100 (80 GB): usable 0.9 * 80 - 2 = 70 GB; weights 114.70 B * 0.53125 +
+    2.13 B * 2 = 65.2 GB; its P-EAGLE head 1.714 B * 2 = 3.4 GB; leaving 1.4 GB of KV cache: 18 requests of
+    1536 tokens at K=5 (2048 B * (18 * 1542 + 18 * 128) = 61.6 MB each in the target, 74.2 MB with the head's 4
+    layers).
+    """
+    params = params or RooflineParams()
+    usable = params.gpu_memory_utilization * gpu.memory_gb - params.runtime_reserve_gb
+    drafter_gb = 0.0
+    speculating = drafter if k > 0 else None
+    if speculating is not None:
+        _, stored = drafter_weight_params(speculating, model, params)
+        drafter_gb = stored * params.drafter_bytes_per_param / 1e9
+    kv = request_kv_bytes(model, max_context_tokens + k + 1, speculating)
+    return MemoryBudget(usable, model.weight_bytes() / 1e9, drafter_gb, kv / 1e9)
