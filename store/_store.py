@@ -314,6 +314,7 @@ class Store:
     latest_profile = _Delegate("_profiles", Profiles.latest_profile)
 
     add_trial = _Delegate("_trials", Trials.add_trial)
+    add_trials = _Delegate("_trials", Trials.add_trials)
     update_trial = _Delegate("_trials", Trials.update_trial)
     get_trial = _Delegate("_trials", Trials.get_trial)
     list_trials = _Delegate("_trials", Trials.list_trials)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -39,20 +39,9 @@ class Trials(Repository):
 
         values: {objective: value} in the objective's unit (tokens/s, ms); backend: "vllm" or "model".
         """
-        row = Trial(
-            study=v.text("study", study),
-            number=v.integer("number", number, minimum=0),
-            model=v.text("model", model),
-            config=v.json_dict("config", config),
-            scenario=v.json_dict("scenario", scenario),
-            values=v.objective_values(values),
-            metrics=v.json_dict("metrics", metrics),
-            status=v.choice("status", status, TRIAL_STATUSES),
-            failure_reason=v.optional_text("failure_reason", failure_reason, limit=None, name=False),
-            backend=v.text("backend", backend, limit=v.SHORT_CHARS),
-            provenance=v.json_dict("provenance", provenance),
-            created_at=v.timestamp("created_at", created_at, default=utcnow()),
-        )
+        row = _trial_row(study, number=number, model=model, config=config, backend=backend, scenario=scenario,
+                         values=values, metrics=metrics, status=status, failure_reason=failure_reason,
+                         provenance=provenance, created_at=created_at)
         with self._session() as session:
             stored, created = get_or_create(
                 session, select(Trial).where(Trial.study == study, Trial.number == number), lambda: row
@@ -63,6 +52,27 @@ class Trials(Repository):
                     f"per study. Use update_trial({stored.id}, ...) to change it."
                 )
             return stored.id
+
+    def add_trials(self, study: str, trials: Sequence[Mapping[str, Any]]) -> int:
+        """Store trials of `study` in one transaction, each given as `add_trial`'s keyword arguments; numbers stored
+        already are skipped. Returns how many were stored. A refused value raises `InvalidRecordError` and stores
+        none; a concurrent writer of the same numbers makes it store them one by one, skipping theirs."""
+        rows = [_trial_row(study, **t) for t in trials]
+        try:
+            with self._session() as session:
+                stored = set(session.scalars(select(Trial.number).where(Trial.study == study)))
+                new = {row.number: row for row in rows if row.number not in stored}
+                session.add_all(new.values())
+            return len(new)
+        except DuplicateRecordError:
+            added = 0
+            for t in trials:
+                try:
+                    self.add_trial(study, **t)
+                    added += 1
+                except DuplicateRecordError:
+                    pass
+            return added
 
     def update_trial(
         self,
@@ -141,3 +151,35 @@ class Trials(Repository):
 
 def trial_record(row: Trial) -> TrialRecord:
     return record_of(TrialRecord, row, values={k: float(x) for k, x in row.values.items()})
+
+
+def _trial_row(
+    study: str,
+    *,
+    number: int,
+    model: str,
+    config: Mapping[str, Any],
+    backend: str,
+    scenario: Mapping[str, Any] | None = None,
+    values: Mapping[str, float] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    status: str = "complete",
+    failure_reason: str | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    created_at: dt.datetime | None = None,
+) -> Trial:
+    """A new trials row, every value checked (`InvalidRecordError` names the one refused)."""
+    return Trial(
+        study=v.text("study", study),
+        number=v.integer("number", number, minimum=0),
+        model=v.text("model", model),
+        config=v.json_dict("config", config),
+        scenario=v.json_dict("scenario", scenario),
+        values=v.objective_values(values),
+        metrics=v.json_dict("metrics", metrics),
+        status=v.choice("status", status, TRIAL_STATUSES),
+        failure_reason=v.optional_text("failure_reason", failure_reason, limit=None, name=False),
+        backend=v.text("backend", backend, limit=v.SHORT_CHARS),
+        provenance=v.json_dict("provenance", provenance),
+        created_at=v.timestamp("created_at", created_at, default=utcnow()),
+    )

@@ -3,7 +3,9 @@ share one study (SQLite, and PostgreSQL when PEAGLE_TEST_POSTGRES_URL is set) wi
 worker that stops beating has its trial failed and re-queued.
 
 Worker processes run the real CLI (`autotune.cli.main`) with the model backend slowed down by a sleep, so that a
-kill lands mid-search and two workers overlap; this file is also that worker script (see the bottom).
+kill lands mid-search and two workers overlap, and with the study shared trial by trial as a measuring search shares
+it (a predicting one searches a private copy, `autotune.search.private`); this file is also that worker script (see
+the bottom). In-process tests of the shared path pass ``private=False`` for the same reason.
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ def test_an_interrupted_trial_is_requeued_and_measured_on_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = f"sqlite:///{tmp_path / 'peagle.db'}"
-    search = make(db, strategy=GridStrategy(), n_trials=6)
+    search = make(db, strategy=GridStrategy(), n_trials=6, private=False)
     real = search.backend.measure
     calls = {"n": 0}
 
@@ -245,7 +247,7 @@ def test_an_interrupted_trial_is_requeued_and_measured_on_resume(
         search.run_scenario(Scenario(64))
     states = [t.state.name for t in optuna_trials(db, "p")]
     assert states == ["COMPLETE", "COMPLETE", "FAIL", "WAITING", "WAITING", "WAITING", "WAITING"]
-    result = make(db, strategy=GridStrategy(), n_trials=6).run_scenario(Scenario(64))
+    result = make(db, strategy=GridStrategy(), n_trials=6, private=False).run_scenario(Scenario(64))
     done = measured(optuna_trials(db, "p"))
     # The grid's first 6 configs, each measured once; the interrupted third was re-queued, not lost.
     assert sorted(config_key(t) for t in done) == sorted(json.dumps(c.to_dict(), sort_keys=True)
@@ -286,8 +288,16 @@ def test_a_worker_that_stops_beating_has_its_trial_failed_and_requeued(tmp_path:
 
 
 def _slow_backend(sleep_s: float, barrier: str) -> None:
-    """Slow ModelBackend.measure down; with a barrier directory, the first measurement of each worker waits until
-    two workers have arrived (each holding a claimed trial), so both are sure to take part."""
+    """Slow ModelBackend.measure down and share the study as a measuring search does; with a barrier directory, the
+    first measurement of each worker waits until two workers have arrived (each holding a claimed trial), so both
+    are sure to take part."""
+    post_init = Search.__post_init__
+
+    def shared(self: Search) -> None:
+        post_init(self)
+        self.private = False
+
+    Search.__post_init__ = shared  # type: ignore[method-assign]
     original = ModelBackend.measure
     state = {"arrived": False}
 

@@ -45,6 +45,13 @@ def storage_error(exc: BaseException, url: str, option: str = "--storage") -> St
     return StudyStorageError(f"Study storage: {database_error(exc, url, option=option)}")
 
 
+def in_memory(url: str) -> bool:
+    """Is `url` an in-memory SQLite database (gone with its last connection)?"""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    return parsed.get_backend_name() == "sqlite" and (database in ("", ":memory:") or "mode=memory" in database)
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -71,7 +78,7 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def requeue(study: optuna.Study, storage: optuna.storages.RDBStorage, trial_id: int) -> None:
+def requeue(study: optuna.Study, storage: optuna.storages.BaseStorage, trial_id: int) -> None:
     """Enqueue a failed trial's parameters again (at most `MAX_RETRIES` times per config)."""
     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)(study, storage.get_trial(trial_id))
 
@@ -95,10 +102,9 @@ class ClaimLock(AbstractContextManager["ClaimLock"]):
         self._conn: Any = None
         self._engine: Any = None
         self.exclusive = True
-        database = parsed.database or ""
-        if self.backend == "sqlite" and database not in ("", ":memory:") and "mode=memory" not in database:
+        if self.backend == "sqlite" and not in_memory(url):
             self._kind = "file"
-            self._path = f"{database}.claims.lock"
+            self._path = f"{parsed.database}.claims.lock"
         elif self.backend == "sqlite":
             self._kind = "memory"
         elif self.backend == "postgresql":
@@ -209,7 +215,7 @@ def _open_storage(
 ) -> optuna.storages.RDBStorage:
     parsed = make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
-    memory = sqlite and (parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed.database))
+    memory = in_memory(url)
     timeout_s = _lock_timeout_s(parsed.query.get("timeout"))
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": timeout_s}} if sqlite else {"pool_pre_ping": True}
     if memory:
@@ -262,7 +268,7 @@ def _lock_timeout_s(value: Any) -> float:
 
 
 def fail_orphans(
-    study: optuna.Study, storage: optuna.storages.RDBStorage, lock: ClaimLock, trials: Sequence[FrozenTrial]
+    study: optuna.Study, storage: optuna.storages.BaseStorage, lock: ClaimLock, trials: Sequence[FrozenTrial]
 ) -> bool:
     """Fail (and re-queue) RUNNING trials whose worker is gone: a worker on this host whose process is dead, or
     (while we hold an exclusive claim lock) a trial claimed without our attributes, i.e. a worker that died

@@ -451,6 +451,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         )
     notes.insert(0, f"Backend: {kind} ({why}).")
     notes.append(f"Objective: {objective.describe()}; strategy: {strategy.name}.")
+    storages: dict[str, Any] = {}  # opened once for every concurrency's search
     searches = [
         (
             Search(
@@ -458,6 +459,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
                 space=space, objective=objective, strategy=strategy,
                 n_trials=options.trials, seed=options.seed, study_prefix=options.study, storage_url=options.storage,
                 heartbeat_interval=options.heartbeat, profile_concurrencies=tuple(options.concurrencies),
+                storages=storages,
             ),
             scenario,
         )

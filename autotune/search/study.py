@@ -16,6 +16,7 @@ import random
 import re
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from autotune.search.coordination import (
     ClaimLock,
     Heartbeat,
     fail_orphans,
+    in_memory,
     open_storage,
     requeue,
     storage_error,
@@ -38,6 +40,7 @@ from autotune.search.coordination import (
 )
 from autotune.search.events import EventCallback, SearchEvent
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
+from autotune.search.private import private_copy, write_back
 from autotune.search.profiles import store_or_profile
 from autotune.search.records import TrialRecorder
 from autotune.search.result import ScenarioResult, summarize
@@ -108,15 +111,20 @@ class _Run:
     """State of one scenario's search in this worker."""
 
     study: optuna.Study
-    storage: optuna.storages.RDBStorage
-    lock: ClaimLock
+    storage: optuna.storages.BaseStorage
+    lock: ClaimLock | None
+    """The claim lock of a study shared in the database with other workers (claims, heartbeats, a write per
+    trial); None: a private copy in memory (`autotune.search.private`), written back when the search ends."""
     scenario: Scenario
     target: int
     ctx: StrategyContext
     recorder: TrialRecorder
+    grid: list[SpecConfig]
     measurements: int = 0
     streak: int = 0
     rng: random.Random = field(default_factory=random.Random)
+    configs: dict[int, SpecConfig | None] = field(default_factory=dict)
+    """The config of each claimed trial by number (read once: a claimed trial's config never changes)."""
 
 
 @dataclass
@@ -136,7 +144,9 @@ class Search:
 
     ``n_trials`` is the study's total across all workers (None: the strategy's default; never more than the grid).
     ``study_prefix`` names the studies (``<prefix>-c<concurrency>``); re-running with the same name resumes them.
-    ``storage_url`` is where the Optuna study lives (default: the store's database). ``profiles`` is where a
+    ``storage_url`` is where the Optuna study lives (default: the store's database). ``private`` runs the study in
+    memory and writes it back at the end, which a predicting backend does (None: exactly when the backend predicts);
+    measuring backends share it through the database trial by trial. ``profiles`` is where a
     strategy's ``ctx.profile(drafter)`` gets drafter profiles (default: `store_or_profile` with this search's store
     and backend, profiling at the scenario's concurrency, 1 and ``profile_concurrencies``).
     """
@@ -157,7 +167,11 @@ class Search:
     grace_period: int | None = None
     profiles: ProfileProvider | None = None
     profile_concurrencies: Sequence[int] = ()
+    private: bool | None = None
     _cache: dict[tuple[SpecConfig, Scenario], Measurement] = field(default_factory=dict, init=False)
+    storages: dict[str, optuna.storages.RDBStorage] = field(default_factory=dict, repr=False)
+    """Study storages opened so far, by URL (Optuna checks its schema at each opening, ~0.2 s): searches of one run
+    share this dict. Their connections are closed after each scenario."""
 
     def __post_init__(self) -> None:
         if self.n_trials is not None and self.n_trials < 1:
@@ -216,7 +230,9 @@ class Search:
         option = "--storage" if self.storage_url else "--db or PEAGLE_DB"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         try:
-            storage = open_storage(url, self.heartbeat_interval, self.grace_period, option)
+            if url not in self.storages:
+                self.storages[url] = open_storage(url, self.heartbeat_interval, self.grace_period, option)
+            storage = self.storages[url]
             lock = ClaimLock(url, study_name)
         except STORAGE_ERRORS as exc:
             raise storage_error(exc, url, option) from exc
@@ -226,15 +242,20 @@ class Search:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             warnings.filterwarnings("ignore", message=".*independent sampl", category=UserWarning)
+            private = self.backend.capabilities.predicts if self.private is None else self.private
             try:
-                return self._run_scenario(scenario, study_name, storage, lock, on_event)
+                if private:
+                    return self._run_private(scenario, study_name, storage, lock, on_event)
+                return self._run_shared(scenario, study_name, storage, lock, on_event)
             except STORAGE_ERRORS as exc:
                 raise storage_error(exc, url, option) from exc
             finally:
                 lock.close()
                 storage.engine.dispose()
+                if in_memory(url):  # its database went with its connection
+                    del self.storages[url]
 
-    def _run_scenario(
+    def _run_shared(
         self,
         scenario: Scenario,
         study_name: str,
@@ -242,24 +263,59 @@ class Search:
         lock: ClaimLock,
         on_event: EventCallback | None,
     ) -> ScenarioResult:
+        """The study in the database, shared with any other worker: each trial is claimed under the lock and
+        written when it finishes, so a killed worker loses only the trial it was measuring."""
         with lock:
             study = self._open_study(storage, study_name, scenario)
-            ctx = StrategyContext(
-                study, scenario, self.target, self.space, self.objective, self.workload,
-                self.backend.target_model or self.model, self.profiles,
-            )
-            recorder = TrialRecorder(self.store, study_name, self.model, scenario, self.objective.value_names)
-            run = _Run(study, storage, lock, scenario, self.target, ctx, recorder,
-                       rng=random.Random(f"{self.seed}:{study_name}"))
+            run = self._new_run(study, storage, lock, scenario)
             self._enqueue_initial(run)
             # Release trials of workers that died, so the start counts are right.
             optuna.storages.fail_stale_trials(study)
             fail_orphans(study, storage, lock, study.get_trials(deepcopy=False))
+        return self._search(run, on_event)
+
+    def _run_private(
+        self,
+        scenario: Scenario,
+        study_name: str,
+        storage: optuna.storages.RDBStorage,
+        lock: ClaimLock,
+        on_event: EventCallback | None,
+    ) -> ScenarioResult:
+        """The study copied into memory, searched there and written back in one transaction (predictions: no trial
+        is worth a database round trip). The claim lock is held throughout, so workers of one study take turns,
+        each going on from what the last one wrote."""
+        with lock:
+            stored = self._open_study(storage, study_name, scenario)
+            optuna.storages.fail_stale_trials(stored)
+            fail_orphans(stored, storage, lock, stored.get_trials(deepcopy=False))
+            study, memory, base = private_copy(stored)
+            run = self._new_run(study, memory, None, scenario)
+            self._enqueue_initial(run)
+            result = self._search(run, on_event)
+            write_back(stored, storage, study, base)
+            run.recorder.sync(study.get_trials(deepcopy=False))
+        return result
+
+    def _new_run(self, study: optuna.Study, storage: optuna.storages.BaseStorage, lock: ClaimLock | None,
+                 scenario: Scenario) -> _Run:
+        ctx = StrategyContext(
+            study, scenario, self.target, self.space, self.objective, self.workload,
+            self.backend.target_model or self.model, self.profiles,
+        )
+        recorder = TrialRecorder(self.store, study.study_name, self.model, scenario, self.objective.value_names)
+        return _Run(study, storage, lock, scenario, self.target, ctx, recorder, self.space.grid(),
+                    rng=random.Random(f"{self.seed}:{study.study_name}"))
+
+    def _search(self, run: _Run, on_event: EventCallback | None) -> ScenarioResult:
+        """Claim and evaluate trials until the study has its target, then pick the result."""
+        study, study_name = run.study, run.study.study_name
         start = state_counts(study.get_trials(deepcopy=False))
         launches_before = self.backend.engine_launches
         self._emit(on_event, SearchEvent.of("start", study_name, run.target, start))
         self._loop(run, on_event)
-        run.recorder.sync(study.get_trials(deepcopy=False))
+        if run.lock is not None:  # before a confirming launch, which takes minutes
+            run.recorder.sync(study.get_trials(deepcopy=False))
         trials = study.get_trials(deepcopy=False)
         self._emit(on_event, SearchEvent.of("end", study_name, run.target, state_counts(trials)))
         result = self._result(run, trials)
@@ -331,7 +387,10 @@ class Search:
                     measurement = None
                 else:
                     run.streak = 0
-                    with Heartbeat(run.storage, claim.trial._trial_id, self.heartbeat_interval):
+                    if isinstance(run.storage, optuna.storages.RDBStorage):
+                        with Heartbeat(run.storage, claim.trial._trial_id, self.heartbeat_interval):
+                            state, measurement = self._evaluate(run, claim)
+                    else:
                         state, measurement = self._evaluate(run, claim)
             except BaseException:
                 self._abandon(run, claim)
@@ -350,21 +409,23 @@ class Search:
     def _claim(self, run: _Run) -> _Claim | None:
         """Under the claim lock: fail dead workers' trials, stop at the target, else ask for the next trial."""
         study = run.study
-        with run.lock:
-            optuna.storages.fail_stale_trials(study)
+        with run.lock or nullcontext():
+            optuna.storages.fail_stale_trials(study)  # a no-op in memory
             trials = study.get_trials(deepcopy=False)
-            if fail_orphans(study, run.storage, run.lock, trials):
+            if run.lock is not None and fail_orphans(study, run.storage, run.lock, trials):
                 trials = study.get_trials(deepcopy=False)
             claimed_trials = [t for t in trials if counted(t)]
             if len(claimed_trials) >= run.target:
                 return None
             claimed: dict[SpecConfig, FrozenTrial] = {}
             for t in claimed_trials:
-                config = self._config_of(t)
+                if t.number not in run.configs:
+                    run.configs[t.number] = self._config_of(t)
+                config = run.configs[t.number]
                 if config is not None:
                     claimed.setdefault(config, t)
             if not any(t.state == TrialState.WAITING for t in trials):
-                unclaimed = [c for c in self.space.grid() if c not in claimed]
+                unclaimed = [c for c in run.grid if c not in claimed]
                 if not unclaimed:
                     return None  # every config of the space has been measured (or is being measured)
                 # A prediction is deterministic and cheap: a repeated proposal teaches the sampler nothing, so move
@@ -439,7 +500,8 @@ class Search:
             run.study.tell(trial, values)
         else:
             run.study.tell(trial, state=TrialState.FAIL)
-        run.recorder.record(trial.number, config, status, values, metrics, m.provenance.to_dict(), failure)
+        if run.lock is not None:  # a private study's trials are stored when it is written back
+            run.recorder.record(trial.number, config, status, values, metrics, m.provenance.to_dict(), failure)
         return status, m
 
     @staticmethod
