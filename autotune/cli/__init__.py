@@ -1,29 +1,72 @@
 """The `peagle-tune` command line: a thin layer over the library; each command lives in its own module.
 
+A command's module is imported only when that command runs (or shows its help): `peagle-tune --help` lists the
+commands from `COMMANDS` without importing any, and `peagle-tune list` does not load the search's database, Optuna
+or scipy.
+
 Errors become one click error line only in `autotune.cli._common.errors` (every command is wrapped, and the group
 wraps them again for safety); ``peagle-tune --debug`` shows tracebacks instead.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from autotune import __version__
 from autotune.cli._common import catalog_option, errors, quiet_broken_pipe
-from autotune.cli.catalog import list_command
-from autotune.cli.db import db
-from autotune.cli.doctor import doctor
-from autotune.cli.export import export
-from autotune.cli.profile import profile
-from autotune.cli.report import report
-from autotune.cli.search import search
-from autotune.cli.serve import serve
-from autotune.cli.show import show
-from autotune.cli.simulate import simulate
+
+#: Each command: the module and attribute that define it, and the first paragraph of its help, which
+#: `peagle-tune --help` shortens to one line as click would (tests/test_cli_startup.py holds each to the command's
+#: own help).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "search": ("autotune.cli.search", "search",
+               "Search drafter, K, parallel drafting, max_num_seqs and max_num_batched_tokens for a model and store "
+               "the best config per concurrency."),
+    "show": ("autotune.cli.show", "show", "Show stored recommendations, studies, trials and profiles."),
+    "export": ("autotune.cli.export", "export", "Export a recommendation in a form vLLM takes."),
+    "db": ("autotune.cli.db", "db", "Database maintenance."),
+    "report": ("autotune.cli.report", "report",
+               "Write PNG plots and an HTML page explaining the stored tuning results."),
+    "profile": ("autotune.cli.profile", "profile",
+                "Measure acceptance per workload class and draft position, and the engine step time T(B, K)."),
+    "serve": ("autotune.cli.serve", "serve",
+              "Serve a model with vLLM, its tuned speculative config and the adaptive depth controller."),
+    "simulate": ("autotune.cli.simulate", "simulate",
+                 "PREDICT serving with no speculation, static K, vLLM's batch-size schedule, the adaptive controller "
+                 "and the per-phase oracle, by simulating continuous batching step by step."),
+    "doctor": ("autotune.cli.doctor", "doctor",
+               "Check that this machine is ready: vLLM and its model runner, GPUs, Hugging Face cache and hub, the "
+               "database, the scheduler plugin and worker extension; with --launch, one real request through both."),
+    "list": ("autotune.cli.catalog", "list_command",
+             "List the catalog's models, drafters or GPUs, or the built-in workloads, by the names --model, "
+             "--drafter, --gpu and --workload take."),
+}
 
 
 class _Group(click.Group):
-    """The command group: a failure in any command is one line (a traceback only with --debug)."""
+    """The command group: commands load on first use; a failure in any command is one line (a traceback only with
+    --debug)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help``, from `COMMANDS` (click's layout, without importing every command)."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -63,8 +106,5 @@ def main(debug: bool, db_url: str | None) -> None:
     Exit codes: 0 done, 1 failed, 2 usage error, 3 not found (nothing stored matches the id, study or model).
     """
 
-
-for _command in (search, show, export, db, report, profile, serve, simulate, doctor, list_command):
-    main.add_command(_command)
 
 __all__ = ["main"]

@@ -111,9 +111,6 @@ def errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from policies import PolicyError, PolicyFileError
-        from store import RowNotFoundError, StoreError
-
         try:
             return fn(*args, **kwargs)
         except click.exceptions.ClickException as exc:  # click's own (bad option values) quote what was typed
@@ -124,6 +121,10 @@ def errors(fn: F) -> F:
         except Exception as exc:
             if debug_enabled():
                 raise
+            # Imported here, when a command failed: `list` and `--help` need neither the store nor the policies.
+            from policies import PolicyError, PolicyFileError
+            from store import RowNotFoundError, StoreError
+
             if isinstance(exc, NotFoundError | RowNotFoundError):
                 raise NotFoundFailure(one_line(str(exc))) from exc
             if isinstance(exc, UsageError | PolicyFileError):

@@ -15,32 +15,88 @@ Modules, from what is searched to how:
   caps when the backend predicts);
 - `session`: the search command as an application service (resolve the inputs, one search per concurrency, store
   the recommendations; no printing).
+
+The names below are imported on first use (PEP 562): a command that needs one module of this package (say the
+objective's `speedup_range` for a table) does not load Optuna, the store and every strategy with it.
 """
 
 from __future__ import annotations
 
-from autotune.errors import StudyStorageError
-from autotune.search.calibration import calibration_scales
-from autotune.search.events import EventCallback, SearchEvent
-from autotune.search.machine import choose_backend
-from autotune.search.model_guided import DEFAULT_NOISE, DEFAULT_PREDICTION_ERROR, ModelGuidedStrategy
-from autotune.search.objective import OBJECTIVES, SLO_METRICS, MissingFigureError, Objective, measurement_metrics
-from autotune.search.profiles import DrafterProfile, store_or_profile, stored_profile
-from autotune.search.registry import STRATEGIES, StrategyFactory, make_strategy, register_strategy
-from autotune.search.result import ParetoPoint, ScenarioResult
-from autotune.search.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
-from autotune.search.session import (
-    SearchOptions,
-    SearchPlan,
-    SearchRun,
-    plan_search,
-    resolve_strategy,
-    run_search,
-)
-from autotune.search.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file, space_from_options
-from autotune.search.strategies import BlackboxStrategy, GridStrategy, RandomStrategy
-from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
-from autotune.search.study import Search, default_study_prefix, study_name_for
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.errors import StudyStorageError
+    from autotune.search.calibration import calibration_scales
+    from autotune.search.events import EventCallback, SearchEvent
+    from autotune.search.machine import choose_backend
+    from autotune.search.model_guided import DEFAULT_NOISE, DEFAULT_PREDICTION_ERROR, ModelGuidedStrategy
+    from autotune.search.objective import OBJECTIVES, SLO_METRICS, MissingFigureError, Objective, measurement_metrics
+    from autotune.search.profiles import DrafterProfile, store_or_profile, stored_profile
+    from autotune.search.registry import STRATEGIES, StrategyFactory, make_strategy, register_strategy
+    from autotune.search.result import ParetoPoint, ScenarioResult
+    from autotune.search.schedule import ScheduleEntry, best_depth_per_batch, default_batch_sizes, merge_schedule
+    from autotune.search.session import (
+        SearchOptions,
+        SearchPlan,
+        SearchRun,
+        plan_search,
+        resolve_strategy,
+        run_search,
+    )
+    from autotune.search.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file, space_from_options
+    from autotune.search.strategies import BlackboxStrategy, GridStrategy, RandomStrategy
+    from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
+    from autotune.search.study import Search, default_study_prefix, study_name_for
+
+_HOMES = {
+    "StudyStorageError": "autotune.errors",
+    "calibration_scales": "autotune.search.calibration",
+    "EventCallback": "autotune.search.events",
+    "SearchEvent": "autotune.search.events",
+    "choose_backend": "autotune.search.machine",
+    "DEFAULT_NOISE": "autotune.search.model_guided",
+    "DEFAULT_PREDICTION_ERROR": "autotune.search.model_guided",
+    "ModelGuidedStrategy": "autotune.search.model_guided",
+    "OBJECTIVES": "autotune.search.objective",
+    "SLO_METRICS": "autotune.search.objective",
+    "MissingFigureError": "autotune.search.objective",
+    "Objective": "autotune.search.objective",
+    "measurement_metrics": "autotune.search.objective",
+    "DrafterProfile": "autotune.search.profiles",
+    "store_or_profile": "autotune.search.profiles",
+    "stored_profile": "autotune.search.profiles",
+    "STRATEGIES": "autotune.search.registry",
+    "StrategyFactory": "autotune.search.registry",
+    "make_strategy": "autotune.search.registry",
+    "register_strategy": "autotune.search.registry",
+    "ParetoPoint": "autotune.search.result",
+    "ScenarioResult": "autotune.search.result",
+    "ScheduleEntry": "autotune.search.schedule",
+    "best_depth_per_batch": "autotune.search.schedule",
+    "default_batch_sizes": "autotune.search.schedule",
+    "merge_schedule": "autotune.search.schedule",
+    "SearchOptions": "autotune.search.session",
+    "SearchPlan": "autotune.search.session",
+    "SearchRun": "autotune.search.session",
+    "plan_search": "autotune.search.session",
+    "resolve_strategy": "autotune.search.session",
+    "run_search": "autotune.search.session",
+    "DrafterChoice": "autotune.search.space",
+    "SearchSpace": "autotune.search.space",
+    "SpaceSpec": "autotune.search.space",
+    "load_space_file": "autotune.search.space",
+    "space_from_options": "autotune.search.space",
+    "BlackboxStrategy": "autotune.search.strategies",
+    "GridStrategy": "autotune.search.strategies",
+    "RandomStrategy": "autotune.search.strategies",
+    "ProfileProvider": "autotune.search.strategy",
+    "Strategy": "autotune.search.strategy",
+    "StrategyContext": "autotune.search.strategy",
+    "Search": "autotune.search.study",
+    "default_study_prefix": "autotune.search.study",
+    "study_name_for": "autotune.search.study",
+}
 
 __all__ = [
     "DEFAULT_NOISE",
@@ -90,3 +146,9 @@ __all__ = [
     "stored_profile",
     "study_name_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")

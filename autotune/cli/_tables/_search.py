@@ -4,7 +4,7 @@ its best config (P-EAGLE vs EAGLE-3, 2 vs 4 layers), and the Pareto fronts."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -28,8 +28,11 @@ from autotune.cli._tables._cells import (
     speedup_rise_note,
     titled,
 )
-from autotune.search import ScenarioResult, SearchRun, measurement_metrics
+from autotune.search.objective import measurement_metrics
 from autotune.selection import NO_TAIL
+
+if TYPE_CHECKING:
+    from autotune.search import ScenarioResult, SearchRun
 
 
 def _same_variant(row: Any, r: ScenarioResult) -> bool:
