@@ -67,6 +67,7 @@ import yaml
 
 from policies._batch import RequestView
 from policies._controller import DepthController
+from policies._depth import MAX_K
 from policies._estimator import MAX_CLASSES, AcceptanceEstimator
 from policies._files import load_json_text, load_yaml_text, read_text
 from policies._settings import ControllerSettings
@@ -92,8 +93,6 @@ __all__ = [
 ]
 
 POLICY_FORMAT_VERSION = 1
-MAX_K = 16
-"""Deepest draft depth (K) peagle-tune handles anywhere: policy files, search spaces, speculative configs."""
 
 CLASS_KEY = "peagle_class"
 """``SamplingParams.extra_args`` key naming a request's workload class (set by the client or the middleware)."""

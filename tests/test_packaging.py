@@ -9,6 +9,7 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
+from ux_cli import command_tree
 
 from autotune.cli import main
 
@@ -38,13 +39,8 @@ def test_cli_store_model_backend_and_controller_do_not_import_vllm_or_torch() ->
     assert out.stdout.strip() == ""
 
 
-def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
-    out: list[tuple[str, click.Command]] = []
-    for name, cmd in sorted(group.commands.items()):
-        out.append((f"{prefix}{name}", cmd))
-        if isinstance(cmd, click.Group):
-            out += _commands(cmd, f"{prefix}{name} ")
-    return out
+def _commands(group: click.Group) -> list[tuple[str, click.Command]]:
+    return [(" ".join(path), cmd) for path, cmd in command_tree(group) if path]
 
 
 @pytest.mark.parametrize("name,command", _commands(main), ids=lambda v: v if isinstance(v, str) else "")

@@ -181,18 +181,11 @@ def test_every_numeric_option_has_one_bound() -> None:
     """Every INT/FLOAT option of every command goes through the table (click's own int/float types take any size,
     nan and inf)."""
     import click
-
-    def commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
-        out: list[tuple[str, click.Command]] = [(prefix, group)]
-        for name, command in group.commands.items():
-            if isinstance(command, click.Group):
-                out += commands(command, f"{prefix} {name}")
-            else:
-                out.append((f"{prefix} {name}", command))
-        return out
+    from ux_cli import command_tree
 
     unbounded = []
-    for name, command in commands(main, "peagle-tune"):
+    for path, command in command_tree(main):
+        name = " ".join(("peagle-tune", *path))
         for param in command.params:
             if isinstance(param.type, click.types.IntParamType | click.types.FloatParamType):
                 unbounded.append(f"{name} {param.opts[0]}")

@@ -15,17 +15,13 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from ux_cli import command_tree
 
 from autotune.cli import main
 
 
-def commands(group: click.Group = main, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    yield path, group
-    for name, cmd in group.commands.items():
-        if isinstance(cmd, click.Group):
-            yield from commands(cmd, (*path, name))
-        else:
-            yield (*path, name), cmd
+def commands() -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    return command_tree(main)
 
 
 def help_text(path: tuple[str, ...]) -> str:

@@ -7,6 +7,9 @@ of that module run at COLUMNS=80.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -22,3 +25,19 @@ def columns_80(monkeypatch: pytest.MonkeyPatch) -> None:
 def cli(*args: str) -> Result:
     """`peagle-tune ARGS...` in this process; its exit code, stdout and stderr in the result."""
     return CliRunner().invoke(main, list(args))
+
+
+def command_tree(
+    group: click.Group = main, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Every command under `group` with its path (the group first), through click's public lookup: the top group
+    loads its commands on first use, so its ``commands`` dict is empty."""
+    yield path, group
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, name
+        if isinstance(cmd, click.Group):
+            yield from command_tree(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd

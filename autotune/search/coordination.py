@@ -9,6 +9,7 @@ worker on the same host notices a dead one by its process id at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -61,7 +62,14 @@ def _boot_id() -> str:
 
 def this_worker() -> dict[str, Any]:
     """Who this worker is (host, boot, pid), as stored with each trial it claims."""
-    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid()}
+    host, boot = _machine()
+    return {"host": host, "boot": boot, "pid": os.getpid()}
+
+
+@functools.cache
+def _machine() -> tuple[str, str]:
+    """(host name, boot id): read once per process (a claim asks for them every trial)."""
+    return socket.gethostname(), _boot_id()
 
 
 def _process_alive(pid: int) -> bool:

@@ -20,42 +20,82 @@ Example: install the plugin in plan mode and read what it measured::
     llm = vllm.LLM(model, speculative_config=..., **engine_kwargs())
     ...
     stats = PluginStats.load("stats.json")
+
+The names are imported on first use (PEP 562): a workload reading the label bounds does not build the controller.
 """
 
 from __future__ import annotations
 
-from policies.errors import ControllerFault, PluginConfigError, PluginFault
-from policies.plugin.config import (
-    ASYNC_SCHEDULER_CLS,
-    CONFIG_ENV,
-    FAULT_WHERE,
-    MODES,
-    SCHEDULER_CLS,
-    WORKER_EXTENSION_CLS,
-    DepthPlan,
-    PluginConfig,
-    engine_kwargs,
-    serve_args,
-)
-from policies.plugin.factory import build_controller
-from policies.plugin.labels import (
-    CLASS_KEY,
-    DEFAULT_CLASS,
-    DEFAULT_PHASE,
-    LABEL_KEY_ENV,
-    MAX_K_KEY,
-    OTHER_LABEL,
-    PHASE_KEY,
-    ROUTE_KEY,
-    SPECULATE_KEY,
-    RequestLabeler,
-    normalize_extra_args,
-    opted_out,
-    request_label,
-    route_stamp,
-)
-from policies.plugin.metrics import METRIC_NAMES, PluginMetrics
-from policies.plugin.stats import PluginStats
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from policies.errors import ControllerFault, PluginConfigError, PluginFault
+    from policies.plugin.config import (
+        ASYNC_SCHEDULER_CLS,
+        CONFIG_ENV,
+        FAULT_WHERE,
+        MODES,
+        SCHEDULER_CLS,
+        WORKER_EXTENSION_CLS,
+        DepthPlan,
+        PluginConfig,
+        engine_kwargs,
+        serve_args,
+    )
+    from policies.plugin.factory import build_controller
+    from policies.plugin.labels import (
+        CLASS_KEY,
+        DEFAULT_CLASS,
+        DEFAULT_PHASE,
+        LABEL_KEY_ENV,
+        MAX_K_KEY,
+        OTHER_LABEL,
+        PHASE_KEY,
+        ROUTE_KEY,
+        SPECULATE_KEY,
+        RequestLabeler,
+        normalize_extra_args,
+        opted_out,
+        request_label,
+        route_stamp,
+    )
+    from policies.plugin.metrics import METRIC_NAMES, PluginMetrics
+    from policies.plugin.stats import PluginStats
+
+_HOMES = {
+    "ControllerFault": "policies.errors",
+    "PluginConfigError": "policies.errors",
+    "PluginFault": "policies.errors",
+    "ASYNC_SCHEDULER_CLS": "policies.plugin.config",
+    "CONFIG_ENV": "policies.plugin.config",
+    "FAULT_WHERE": "policies.plugin.config",
+    "MODES": "policies.plugin.config",
+    "SCHEDULER_CLS": "policies.plugin.config",
+    "WORKER_EXTENSION_CLS": "policies.plugin.config",
+    "DepthPlan": "policies.plugin.config",
+    "PluginConfig": "policies.plugin.config",
+    "engine_kwargs": "policies.plugin.config",
+    "serve_args": "policies.plugin.config",
+    "build_controller": "policies.plugin.factory",
+    "CLASS_KEY": "policies.plugin.labels",
+    "DEFAULT_CLASS": "policies.plugin.labels",
+    "DEFAULT_PHASE": "policies.plugin.labels",
+    "LABEL_KEY_ENV": "policies.plugin.labels",
+    "MAX_K_KEY": "policies.plugin.labels",
+    "OTHER_LABEL": "policies.plugin.labels",
+    "PHASE_KEY": "policies.plugin.labels",
+    "ROUTE_KEY": "policies.plugin.labels",
+    "SPECULATE_KEY": "policies.plugin.labels",
+    "RequestLabeler": "policies.plugin.labels",
+    "normalize_extra_args": "policies.plugin.labels",
+    "opted_out": "policies.plugin.labels",
+    "request_label": "policies.plugin.labels",
+    "route_stamp": "policies.plugin.labels",
+    "METRIC_NAMES": "policies.plugin.metrics",
+    "PluginMetrics": "policies.plugin.metrics",
+    "PluginStats": "policies.plugin.stats",
+}
 
 __all__ = [
     "ASYNC_SCHEDULER_CLS",
@@ -90,3 +130,9 @@ __all__ = [
     "route_stamp",
     "serve_args",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'policies.plugin' has no attribute {name!r}")
