@@ -192,14 +192,14 @@ def test_two_workers_share_one_postgres_study(tmp_path: Path, postgres_db: str) 
 SPACE = SearchSpace(drafters=(PEAGLE,), k_max=8, max_num_seqs=(32, 64))
 
 
-def make(db: str, **kw: Any) -> Search:
+def make(db: str, space: SearchSpace = SPACE, **kw: Any) -> Search:
     return Search(
         store=Store(db),
         backend=ModelBackend("gpt-oss-120b", "h200"),
         model="openai/gpt-oss-120b",
         device="NVIDIA H200",
         workload=load_workload("mt-bench"),
-        space=SPACE,
+        space=space,
         study_prefix="p",
         **kw,
     )
@@ -226,6 +226,27 @@ def test_resuming_a_study_with_another_objective_is_refused(tmp_path: Path) -> N
     make(db, n_trials=3).run_scenario(Scenario(64))
     with pytest.raises(UsageError, match="was created for another search .*objective"):
         make(db, n_trials=3, objective=Objective("latency")).run_scenario(Scenario(64))
+
+
+def test_resuming_a_study_with_a_narrower_space_is_refused_naming_the_difference(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'peagle.db'}"
+    make(db, n_trials=3).run_scenario(Scenario(64))
+    narrower = SearchSpace(drafters=(PEAGLE,), k_max=1, max_num_seqs=(32,))
+    with pytest.raises(UsageError, match=r"space\.k_max: study has 8, this run 1; space\.max_num_seqs: study has "
+                                         r"\[32, 64\], this run \[32\]"):
+        make(db, n_trials=3, space=narrower).run_scenario(Scenario(64))
+
+
+def test_a_named_study_resumed_with_the_drafter_excluded_is_refused_not_exported(tmp_path: Path) -> None:
+    # Issue 44.1: the second search excluded the P-EAGLE head and parallel drafting, and export still gave them.
+    db = str(tmp_path / "peagle.db")
+    base = ["search", "--model", "gpt-oss-120b", "--concurrency", "8", "--study", "s", "--db", db, "--trials", "8"]
+    assert CliRunner().invoke(main, base).exit_code == 0
+    narrowed = CliRunner().invoke(main, [*base, "--drafter", "nvidia/gpt-oss-120b-Eagle3-short-context",
+                                         "--parallel-drafting", "off"])
+    assert narrowed.exit_code == 2
+    assert "was created for another search (space.drafters: study has" in narrowed.output
+    assert "pass a new --study name" in narrowed.output
 
 
 def test_an_interrupted_trial_is_requeued_and_measured_on_resume(

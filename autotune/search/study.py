@@ -106,6 +106,22 @@ def default_study_prefix(model: str, device: str, workload: str, objective: str,
     return "-".join(_slug(p) for p in (model.split("/")[-1], device, workload, objective, strategy))
 
 
+def _differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (stored, wanted)} for each key of `wanted` whose value differs; a dict value (the space) by its own
+    keys, as ``space.k_max``."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key, value in wanted.items():
+        old = stored.get(key)
+        if old == value:
+            continue
+        if isinstance(old, dict) and isinstance(value, dict):
+            out.update({f"{key}.{k}": (old.get(k), v) for k, v in value.items() if old.get(k) != v})
+            out.update({f"{key}.{k}": (v, None) for k, v in old.items() if k not in value})
+        else:
+            out[key] = (old, value)
+    return out
+
+
 @dataclass
 class _Run:
     """State of one scenario's search in this worker."""
@@ -341,13 +357,15 @@ class Search:
             "objective": self.objective.to_dict(),
             "scenario": scenario.to_dict(),
             "backend": self.backend.name,
+            "space": self.space.to_dict(),
         }
         stored = study.user_attrs.get(ATTR)
         if stored is None:
-            stored = {**meta, "space": self.space.to_dict(), "strategy": self.strategy.name, "openings": 0}
+            stored = {**meta, "strategy": self.strategy.name, "openings": 0}
             study.set_metric_names(self.objective.value_names)
         else:
-            differ = {k: (stored.get(k), v) for k, v in meta.items() if stored.get(k) != v}
+            # A narrower space resumed under the old name would still recommend what the new options exclude.
+            differ = _differences(stored, json.loads(json.dumps(meta)))
             if differ:
                 detail = "; ".join(f"{k}: study has {a!r}, this run {b!r}" for k, (a, b) in differ.items())
                 raise UsageError(
