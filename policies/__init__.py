@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         decode_json_at,
         load_json_text,
         load_yaml_text,
+        read_bytes,
         read_text,
     )
     from policies._off_steps import MAX_CATCH_UP_TOKENS, OFF_STEP_MODES, REPLAY_MODES, off_step_mode
@@ -92,6 +93,7 @@ _HOMES = {
     "decode_json_at": "policies._files",
     "load_json_text": "policies._files",
     "load_yaml_text": "policies._files",
+    "read_bytes": "policies._files",
     "read_text": "policies._files",
     "MAX_CATCH_UP_TOKENS": "policies._off_steps",
     "OFF_STEP_MODES": "policies._off_steps",
@@ -175,6 +177,7 @@ __all__ = [
     "decode_json_at",
     "load_json_text",
     "load_yaml_text",
+    "read_bytes",
     "read_text",
 ]
 

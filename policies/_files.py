@@ -2,7 +2,9 @@
 
 Every reader here fails with a one-line message instead of a traceback, a MemoryError or a hang:
 
-- `read_text`: the UTF-8 text of a file; unreadable or non-UTF-8 files name the file (and the line of the bad byte).
+- `read_bytes` / `read_text`: the bytes (or UTF-8 text) of a regular file of at most a given size, opened without
+  blocking: a FIFO, a device (``/dev/zero``), a directory or an oversized file is one line naming the file before
+  anything is read; unreadable or non-UTF-8 files name the file (and the line of the bad byte).
 - `load_yaml_text`: ``yaml.safe_load`` with bounds (an integer of more than 4,300 digits is a located error too).
   YAML aliases (``*name``) repeat an anchored value without
   copying it, so a 445-byte file of nine nested aliases stands for 9^9 = 387 million strings: loading is instant,
@@ -20,6 +22,8 @@ Every other module that reads YAML or JSON from a user goes through these (autot
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +39,12 @@ __all__ = [
     "decode_json_at",
     "load_json_text",
     "load_yaml_text",
+    "read_bytes",
     "read_text",
 ]
+
+#: Largest policy, space, plugin-config or `--config` file read: the biggest real one is a few kB.
+MAX_TEXT_BYTES = 8 * 1024 * 1024
 
 #: Largest size a YAML document may have with its aliases written out: nodes + characters of scalar values. The
 #: biggest file we ship (the drafter catalog, 19 KB) expands to about 20,000; policy and space files to a few hundred.
@@ -49,17 +57,49 @@ YAML_MAX_DEPTH = 100
 JSON_MAX_INT_DIGITS = sys.get_int_max_str_digits() or 4300
 
 
-def read_text(path: str | Path, error: type[Exception], what: str) -> str:
-    """The UTF-8 text of ``path``; an unreadable file raises ``error``: "<path>: cannot read the <what> (<reason>)."
+def read_bytes(path: str | Path, error: type[Exception], what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most `limit` of them; anything else raises ``error`` with one line
+    naming the file: "<path>: cannot read the <what> (<reason>)", not a regular file, or too big.
 
-    A file that is not UTF-8 raises ``error`` naming the line and column of the first bad byte. `error` is the
-    caller's exception type (`PolicyFileError`, `PluginConfigError`, autotune's `ConfigError`): it takes one message.
+    The file is opened non-blocking, so a FIFO nobody writes to does not hang us, and checked with ``fstat`` on the
+    open descriptor (no race with a swapped path); at most ``limit + 1`` bytes are read, so a file that grows while
+    being read (or a device) cannot exhaust memory. `error` is the caller's exception type (`PolicyFileError`,
+    `PluginConfigError`, autotune's `ConfigError`, `WorkloadError`): it takes one message.
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise error(f"{p}: cannot read the {what} ({exc.strerror or exc}).") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            mode = info.st_mode
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file")
+            raise error(f"{p}: the {what} is {kind}, not a regular file; give a file.")
+        too_big = f"{p}: the {what} has more than {limit:,} bytes, more than any {what} needs; check the path."
+        if info.st_size > limit:
+            raise error(too_big)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{p}: cannot read the {what} ({exc.strerror or exc}).") from exc
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(too_big)
+    return data
+
+
+def read_text(path: str | Path, error: type[Exception], what: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of ``path`` (`read_bytes`: a regular file of at most `limit` bytes, else ``error``).
+
+    A file that is not UTF-8 raises ``error`` naming the line and column of the first bad byte.
+    """
+    p = Path(path)
+    data = read_bytes(p, error, what, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -8,15 +8,20 @@ after 29 s or a traceback. The rows of docs/reliability.md point here.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from autotune.catalogs import load_user_catalog
 from autotune.cli.profile import profile
-from autotune.errors import WorkloadError
+from autotune.errors import ConfigError, WorkloadError
+from autotune.search.space import load_space_file
 from autotune.workloads import load_workload
 from policies import (
     YAML_MAX_DEPTH,
@@ -27,6 +32,7 @@ from policies import (
     load_policy,
     load_yaml_text,
 )
+from policies._files import MAX_TEXT_BYTES
 from policies.plugin import PluginConfig, PluginConfigError
 
 #: A message a user reads on one terminal line or two; the bomb's old message was 2 GB.
@@ -222,3 +228,49 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path: Path, body: str) -> None:
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path}:1: invalid JSON"), result.output
+
+
+# ------------------------------------------------------------------ issue 44.4: special and oversized files
+
+
+@pytest.fixture
+def no_hang() -> Any:
+    """Fail a test that blocks (a FIFO read with no writer used to hang forever) instead of hanging the suite."""
+
+    def expired(_signum: int, _frame: Any) -> None:
+        raise TimeoutError("the reader blocked")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(int(FAST_S))
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+_READERS: dict[str, tuple[Any, type[Exception]]] = {
+    "--space": (load_space_file, ConfigError),
+    "--policy": (load_policy, PolicyFileError),
+    "plugin config": (PluginConfig.load, PluginConfigError),
+    "--catalog": (load_user_catalog, ConfigError),
+}
+
+
+@pytest.mark.parametrize("reader", list(_READERS))
+def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path, reader: str, no_hang: None) -> None:
+    load, error = _READERS[reader]
+    fifo = tmp_path / "input.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(error, match=r"input\.yaml: the .* is a FIFO, not a regular file; give a file\."):
+        load(fifo)
+    with pytest.raises(error, match=r"^/dev/zero: the .* is a device, not a regular file; give a file\."):
+        load("/dev/zero")
+
+
+@pytest.mark.parametrize("reader", ["--space", "--policy", "plugin config"])
+def test_a_file_past_the_bound_is_refused_before_it_is_read(tmp_path: Path, reader: str) -> None:
+    load, error = _READERS[reader]
+    path = tmp_path / "big.yaml"
+    with path.open("wb") as f:  # sparse: the size is what counts, not the disk it takes
+        f.truncate(MAX_TEXT_BYTES + 1)
+    with pytest.raises(error, match=rf"big\.yaml: the .* has more than {MAX_TEXT_BYTES:,} bytes"):
+        load(path)

@@ -148,7 +148,18 @@ _BAD_FILES = {
                      r"catalog\.yaml entry 'rtx-6000-ada'.*memory_gb must be a number"),
     "unknown key": (lambda t: t.replace("num_layers: 4", "num_layers: 4\n    colour: blue"),
                     r"entry 'org/target'.*unknown keys \['colour'\]"),
-    "negative": (lambda t: t.replace("head_dim: 64", "head_dim: -64"), r"head_dim must be non-negative"),
+    "negative": (lambda t: t.replace("head_dim: 64", "head_dim: -64"), r"head_dim must be positive"),
+    # Issue 44.5: each of these gave a traceback, or a stored recommendation from meaningless inputs.
+    "NaN bandwidth": (lambda t: t.replace("memory_bandwidth_gbps: 960", "memory_bandwidth_gbps: .nan"),
+                      r"entry 'rtx-6000-ada'.*memory_bandwidth_gbps must be a finite number"),
+    "infinite memory": (lambda t: t.replace("memory_gb: 48", "memory_gb: .inf"), r"memory_gb must be a finite number"),
+    "zero layers": (lambda t: t.replace("num_layers: 4", "num_layers: 0", 1), r"num_layers must be positive"),
+    "1e308 parameters": (lambda t: t.replace("total_params_b: ", "total_params_b: 1.0e+308 #", 1),
+                         r"total_params_b must be at most 1e\+09"),
+    "K of a billion": (
+        lambda t: t.replace(_DRAFTER_SOURCE, _DRAFTER_SOURCE + "\n    reference_acceptance: {mt-bench: {k: 1000000000, "
+                            "acceptance_length: 3, source: ours}}"),
+        r"entry 'org/drafter-2l'.*K=1000000000, outside \[1, 16\]"),
     "not a bool": (lambda t: t.replace("parallel_drafting: false", "parallel_drafting: maybe"),
                    r"parallel_drafting must be true or false"),
     "no source": (lambda t: t.replace("source: NVIDIA RTX 6000 Ada datasheet (dense figures)", "source: ''"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import sys
 import types
@@ -107,14 +108,38 @@ def test_non_utf8_file_names_the_line(tmp_path: Path) -> None:
 def test_unreadable_file_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _jsonl(tmp_path / "locked.jsonl", [{"prompt": "x"}])
 
-    def deny(self: Path) -> bytes:
-        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+    real_open = os.open
+
+    def deny(name: Any, *args: Any, **kwargs: Any) -> int:
+        if str(name) == str(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
 
     # Tests run as root here, so chmod cannot make a file unreadable; simulate the OS refusing.
-    monkeypatch.setattr(Path, "read_bytes", deny)
+    monkeypatch.setattr(os, "open", deny)
     with pytest.raises(WorkloadError) as info:
         load_workload(str(path))
-    assert str(info.value).startswith(f"{path}: cannot read the file (Permission denied); expected")
+    assert str(info.value) == f"{path}: cannot read the workload file (JSONL or ShareGPT JSON) (Permission denied)."
+
+
+def test_a_fifo_or_a_device_is_refused_without_blocking_or_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "workload.jsonl"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        with pytest.raises(WorkloadError, match=r"is not a regular file; expected a JSONL or ShareGPT JSON file"):
+            load_workload(path)
+
+
+def test_a_workload_file_bigger_than_any_dataset_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 44.4: a 1 GB file was read whole (2.2 GB RSS) before "invalid JSON line 1". The bound is ShareGPT V3's
+    # size; lowered here to keep the test file small.
+    monkeypatch.setattr(load_module, "MAX_WORKLOAD_BYTES", 1000)
+    path = tmp_path / "huge.jsonl"
+    path.write_bytes(b"x" * 1001)
+    with pytest.raises(WorkloadError, match=r"huge\.jsonl: the workload file .* has more than 1,000 bytes"):
+        load_workload(str(path))
 
 
 def test_a_directory_is_not_a_workload_file(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from autotune.catalogs._acceptance_curve import fit_curve, rate_factor_for_mean
 from autotune.catalogs._specs import DrafterSpec, ReferenceAcceptance
 from autotune.errors import PeagleError
+from policies._depth import MAX_K
 
 _FILE = "drafters.yaml"
 #: Keys of a drafters.yaml entry that are not DrafterSpec fields (they are turned into fields here).
@@ -58,7 +59,10 @@ def _points(raw: dict[str, Any], label: str, workload: str, where: _Where = _PAC
         raise _fail(label, f"reference_acceptance[{workload!r}]: k must be an integer and acceptance_length (and "
                     "more: {K: AL}) numbers.", where) from None
     for k, al in points.items():
-        if k < 1 or not 1.0 <= al <= k + 1:
+        if not 1 <= k <= MAX_K:
+            raise _fail(label, f"reference_acceptance[{workload!r}] has K={k}, outside [1, {MAX_K}] (the deepest K "
+                        "peagle-tune takes).", where)
+        if not 1.0 <= al <= k + 1:
             raise _fail(label, f"reference_acceptance[{workload!r}] has AL {al} at K={k}, outside [1, {k + 1}] "
                         "(K >= 1).", where)
     return points
@@ -162,6 +166,8 @@ def layer_factors(entry: dict[str, Any], priors: dict[bool, float],
             raise _fail(label, f"layer_variants[{layers}] must have exactly k, mean_acceptance_length, base, source.",
                         where)
         k = int(spec["k"])
+        if not 1 <= k <= MAX_K:
+            raise _fail(label, f"layer_variants[{layers}] has K={k}, outside [1, {MAX_K}].", where)
         curves = [fit_curve({k: float(al)}, prior) for al in spec["base"].values()]
         factor = rate_factor_for_mean(float(spec["mean_acceptance_length"]), curves, k)
         factors[int(layers)] = factor

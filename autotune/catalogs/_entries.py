@@ -2,22 +2,34 @@
 
 The same rules hold for the packaged files and for a user's catalog file (`_user_catalog`): the keys are the
 fields of the spec (required ones present, no others), every entry has a non-empty ``source``, and each value has
-the field's type (numbers non-negative). Failures are one line naming the file, the entry and the key; `error` is
-the class raised (PeagleError for the packaged files, which are ours to fix; ConfigError for a user's file).
+the field's type (numbers finite, positive unless `MAY_BE_ZERO`, at most `MAX_NUMBER`, depths at most MAX_K).
+Failures are one line naming the file, the entry and the key; `error` is the class raised (PeagleError for the
+packaged files, which are ours to fix; ConfigError for a user's file).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import PeagleError
+from policies._depth import MAX_K
 
 #: DrafterSpec fields a drafters.yaml entry does not hold (derived by `_drafter_catalog`).
 DRAFTER_DERIVED = {"local_path", "layer_rate_factors", "layer_variants_source"}
 #: Keys of a drafters.yaml entry that are not DrafterSpec fields.
 DRAFTER_RAW = {"layer_variants"}
+#: Numeric fields that may be 0 (a dense model has no experts, a model no sliding window); every other number in a
+#: catalog is a physical size or count, so it must be positive.
+MAY_BE_ZERO = {"num_experts", "experts_per_token", "expert_params_b", "sliding_window_layer_fraction",
+               "ffn_intermediate_size"}
+#: Largest number a catalog takes (no real size comes near: 1e9 GB, TFLOPS, billions of parameters, layers); beyond
+#: it the roofline's arithmetic overflows.
+MAX_NUMBER = 1e9
+#: Fields that are a draft depth: at most the deepest K peagle-tune takes.
+DEPTH_FIELDS = {"trained_k", "recommended_k"}
 
 
 def norm(name: str) -> str:
@@ -81,8 +93,12 @@ def _typed(entry: dict[str, Any], cls: type, file_name: str, error: type[Excepti
             if isinstance(value, bool) or not isinstance(value, int | float) or (base == "int" and
                                                                                   not isinstance(value, int)):
                 raise bad("an integer" if base == "int" else "a number")
-            if value < 0:
-                raise bad("non-negative")
+            if not math.isfinite(value):
+                raise bad("a finite number")
+            if value < 0 or (value == 0 and key not in MAY_BE_ZERO):
+                raise bad("non-negative" if key in MAY_BE_ZERO else "positive")
+            if value > (MAX_K if key in DEPTH_FIELDS else MAX_NUMBER):
+                raise bad(f"at most {MAX_K if key in DEPTH_FIELDS else MAX_NUMBER:g}")
             out[key] = float(value) if base == "float" else value
         elif base == "str":
             if not isinstance(value, str | int | float) or isinstance(value, bool):

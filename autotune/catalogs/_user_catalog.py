@@ -13,7 +13,6 @@ the file, the entry and the key.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,17 +40,7 @@ class UserCatalog:
 
 
 def _read(path: Path) -> str:
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the catalog file ({exc.strerror or exc}); check --catalog / "
-                          f"{ENV_VAR}.") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: the catalog file is not a regular file; give a YAML file.")
-    if st.st_size > MAX_CATALOG_BYTES:
-        raise ConfigError(f"{path}: the catalog file has {st.st_size:,} bytes, more than {MAX_CATALOG_BYTES:,}; "
-                          "a catalog lists a few models, drafters and GPUs.")
-    return read_text(path, ConfigError, "catalog file")
+    return read_text(path, ConfigError, "catalog file", limit=MAX_CATALOG_BYTES)
 
 
 def load_user_catalog(path: str | Path, priors: dict[bool, float]) -> UserCatalog:

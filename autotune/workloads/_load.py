@@ -17,7 +17,7 @@ from autotune.workloads._parse import (
     parse_sharegpt,
 )
 from autotune.workloads._workload import Workload, WorkloadRequest
-from policies import BUILTIN_CLASSES, MAX_CLASSES
+from policies import BUILTIN_CLASSES, MAX_CLASSES, read_bytes
 
 #: Most classes a workload may have besides the built-in ones (code, math, chat): a served policy knows at most
 #: `policies.MAX_CLASSES` classes, the built-in ones among them, and `export --format policy` and `serve` give
@@ -26,6 +26,9 @@ from policies import BUILTIN_CLASSES, MAX_CLASSES
 MAX_WORKLOAD_CLASSES = MAX_CLASSES - len(BUILTIN_CLASSES)
 #: The byte order mark some editors write at the start of a UTF-8 file; `json` refuses it, so it is skipped.
 BOM = "\ufeff"
+#: Largest workload file read (it is parsed whole): ShareGPT's V3 dump, the biggest dataset `vllm bench` takes, is
+#: 673 MB.
+MAX_WORKLOAD_BYTES = 1024 * 1024 * 1024
 
 #: Workload class -> the published benchmark whose acceptance figures stand for it in the drafter catalog
 #: (`DrafterSpec.reference_acceptance` keys).
@@ -65,13 +68,9 @@ def _build(name: str, source: str, pairs: list[tuple[str, WorkloadRequest]]) -> 
 
 
 def _read_text(path: Path) -> str:
-    """The file as UTF-8 text without a leading byte order mark; a decoding error names the line it is on."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise WorkloadError(
-            f"{path}: cannot read the file ({exc.strerror or exc}); expected a readable JSONL or ShareGPT JSON file"
-        ) from exc
+    """The file as UTF-8 text without a leading byte order mark (a regular file of at most `MAX_WORKLOAD_BYTES`);
+    a decoding error names the line it is on."""
+    data = read_bytes(path, WorkloadError, "workload file (JSONL or ShareGPT JSON)", limit=MAX_WORKLOAD_BYTES)
     try:
         return data.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as exc:
