@@ -202,3 +202,17 @@ def test_an_alias_bomb_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "_" + "\n".join(lines) + "\nmodels: []\n")
     with pytest.raises(ConfigError, match="expands to more than"):
         load_user_catalog(path)
+
+
+def test_the_group_catalog_option_fails_in_one_line(tmp_path: Path) -> None:
+    # Issue 44.5: `peagle-tune --catalog /missing.yaml list gpus` printed a 41-53 line traceback.
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    missing = tmp_path / "missing.yaml"
+    result = CliRunner().invoke(main, ["--catalog", str(missing), "list", "gpus"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert f"Error: Invalid value for '--catalog': {missing}: cannot read the catalog file (No such file or " \
+           "directory)." in result.output
+    assert "Traceback" not in result.output

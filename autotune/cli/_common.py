@@ -189,7 +189,10 @@ def _catalog(_ctx: click.Context, _param: click.Parameter, value: Path | None) -
     if value is not None:
         from autotune.catalogs import CATALOG_ENV_VAR, use_catalog
 
-        use_catalog(value)
+        try:
+            use_catalog(value)
+        except PeagleError as exc:  # the group's option is parsed before any command's error handling
+            raise click.BadParameter(one_line(str(exc)), ctx=_ctx, param=_param) from None
         os.environ[CATALOG_ENV_VAR] = os.pathsep.join(
             p for p in (str(value.absolute()), os.environ.get(CATALOG_ENV_VAR, "")) if p
         )
