@@ -168,6 +168,10 @@ _BAD_FILES = {
     "section not a list": (lambda t: "models: {}\n", r"models must be a list"),
     "entry not a mapping": (lambda t: "gpus:\n  - 3\n", r"gpus entry #0 is not a mapping"),
     "malformed YAML": (lambda t: "models: [\n", r"catalog\.yaml: line"),
+    "duplicate name": (lambda t: t.replace("gpus:", "gpus:" + t.split("gpus:")[1].rstrip("\n") + "\n", 1),
+                       r"gpus entries #0 and #1 are both named 'rtx-6000-ada'; keep one"),
+    "name with a newline": (lambda t: t.replace("name: org/target", 'name: "org/tar\\nget"', 1),
+                            r"models entry #0 has the name 'org/tar\\nget'; a name is one line of printable text"),
     "impossible acceptance": (
         lambda t: t.replace(_DRAFTER_SOURCE, _DRAFTER_SOURCE + "\n    reference_acceptance: {mt-bench: {k: 5, "
                             "acceptance_length: 9, source: ours}}"),

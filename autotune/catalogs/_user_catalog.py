@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.catalogs._drafter_catalog import build_drafter
-from autotune.catalogs._entries import check_drafter_entry, gpu_from_entry, model_from_entry
+from autotune.catalogs._entries import check_drafter_entry, gpu_from_entry, model_from_entry, norm
 from autotune.catalogs._specs import DrafterSpec, GPUSpec, ModelSpec
 from autotune.errors import ConfigError
 from policies import YAMLDocumentError, load_yaml_text, read_text
@@ -74,12 +74,31 @@ def load_user_catalog(path: str | Path, priors: dict[bool, float]) -> UserCatalo
     for entry in sections["drafters"]:
         values = check_drafter_entry(entry, name, ConfigError, user=True)
         drafters.append(build_drafter(values, priors, name, ConfigError))
-    return UserCatalog(
+    catalog = UserCatalog(
         path=path,
         models=tuple(model_from_entry(e, name, ConfigError) for e in sections["models"]),
         drafters=tuple(drafters),
         gpus=tuple(gpu_from_entry(e, name, ConfigError) for e in sections["gpus"]),
     )
+    _check_names(path, "models", [m.name for m in catalog.models])
+    _check_names(path, "drafters", [d.name for d in catalog.drafters])
+    _check_names(path, "gpus", [g.key for g in catalog.gpus])
+    return catalog
+
+
+def _check_names(path: Path, section: str, names: list[str]) -> None:
+    """Each entry's name is one printable line, and no two entries of a section share one (the first would win
+    silently)."""
+    seen: dict[str, int] = {}
+    for i, entry_name in enumerate(names):
+        if not entry_name.strip() or not entry_name.isprintable():
+            raise ConfigError(f"{path}: {section} entry #{i} has the name {entry_name[:60]!r}; a name is one line of "
+                              "printable text.")
+        key = norm(entry_name)
+        if key in seen:
+            raise ConfigError(f"{path}: {section} entries #{seen[key]} and #{i} are both named {entry_name[:60]!r}; "
+                              "keep one (a later catalog file overrides an earlier one's entry of the same name).")
+        seen[key] = i
 
 
 # ------------------------------------------------------------------------------------------- active catalogs
