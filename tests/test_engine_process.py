@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,3 +124,34 @@ def test_kill_process_group_ends_children_of_the_leader(tmp_path: Path, grace_s:
         time.sleep(0.05)
     kill_process_group(proc, grace_s=grace_s)
     assert proc.poll() is not None and group_members(proc.pid) == []
+
+
+# Starts an engine-like group (a command with a child of its own), prints the group id, then waits to be killed.
+PARENT = """
+import os, sys, time
+from autotune.engine import start_process_group
+engine = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \\
+    "time.sleep(600)"
+proc = start_process_group([sys.executable, "-c", engine], None, dict(os.environ))
+print(proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+def test_an_engine_group_ends_when_the_process_that_started_it_dies(signum: int) -> None:
+    # Issue 44.2: `kill -9` of `search` (or a closed terminal) left the worker, EngineCore and VLLM::Worker running.
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pgid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while len(group_members(pgid)) < 3:  # the leash, the command and its child
+        assert time.monotonic() < deadline, group_members(pgid)
+        time.sleep(0.05)
+    parent.send_signal(signum)
+    parent.wait(timeout=30)
+    # The leash notices within its poll (0.5 s) and ends the group; these commands die at the first SIGTERM.
+    deadline = time.monotonic() + 10
+    while group_members(pgid):
+        assert time.monotonic() < deadline, f"left running: {group_members(pgid)}"
+        time.sleep(0.1)

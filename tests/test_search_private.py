@@ -4,6 +4,8 @@ killed one stores nothing and runs again."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +17,27 @@ from autotune.search import BlackboxStrategy, DrafterChoice, Search, SearchSpace
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
 from store import Store
+from store.testing import database_url
 
 PEAGLE = DrafterChoice("amazon/gpt-oss-120b-p-eagle", "eagle3", 4, parallel_capable=True, recommended_k=5)
 SPACE = SearchSpace(drafters=(PEAGLE,), k_max=8, max_num_seqs=(16, 32, 64))
 
 
-def make(db: str, **kw: Any) -> Search:
+def make(db: str, prefix: str = "p", **kw: Any) -> Search:
     return Search(
         store=Store(db), backend=ModelBackend("gpt-oss-120b", "h200"), model="openai/gpt-oss-120b",
-        device="NVIDIA H200", workload=load_workload("mt-bench"), space=SPACE, study_prefix="p",
+        device="NVIDIA H200", workload=load_workload("mt-bench"), space=SPACE, study_prefix=prefix,
         strategy=BlackboxStrategy(), **kw,
     )
 
 
-def optuna_trials(db: str) -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name="p-c64", storage=db).trials
+def optuna_trials(db: str, prefix: str = "p") -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=f"{prefix}-c64", storage=db).trials
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from database_url(request.param, tmp_path, "the private search's write-back")
 
 
 def undated(value: Any) -> Any:
@@ -44,17 +52,19 @@ def stored_as(t: optuna.trial.FrozenTrial) -> tuple[Any, ...]:
             t.intermediate_values)
 
 
-def test_a_private_search_stores_what_the_shared_search_stores(tmp_path: Path) -> None:
+def test_a_private_search_stores_what_the_shared_search_stores(db_url: str) -> None:
     # 30 trials of 51 configs: TPE proposes, repeats some (told as duplicates) and the rest is the same sampler's
-    # choice on both paths only if the private study holds exactly what the shared one does at every step.
-    private_db, shared_db = (f"sqlite:///{tmp_path / name}" for name in ("private.db", "shared.db"))
-    private = make(private_db, n_trials=30).run_scenario(Scenario(64))
-    shared = make(shared_db, n_trials=30, private=False).run_scenario(Scenario(64))
+    # choice on both paths only if the private study holds exactly what the shared one does at every step. Both
+    # studies in one database (PostgreSQL keeps Optuna's tables between tests: the names are new each run).
+    run = uuid.uuid4().hex[:8]
+    private = make(db_url, f"private-{run}", n_trials=30).run_scenario(Scenario(64))
+    shared = make(db_url, f"shared-{run}", n_trials=30, private=False).run_scenario(Scenario(64))
 
-    assert [stored_as(t) for t in optuna_trials(private_db)] == [stored_as(t) for t in optuna_trials(shared_db)]
-    assert any(t.user_attrs["peagle"].get("duplicate_of") is not None for t in optuna_trials(private_db))
-    ours = [[(t.number, t.config, t.values, t.metrics, t.status) for t in Store(db).list_trials(study="p-c64")]
-            for db in (private_db, shared_db)]
+    both = [optuna_trials(db_url, f"{kind}-{run}") for kind in ("private", "shared")]
+    assert [stored_as(t) for t in both[0]] == [stored_as(t) for t in both[1]]
+    assert any(t.user_attrs["peagle"].get("duplicate_of") is not None for t in both[0])
+    ours = [[(t.number, t.config, t.values, t.metrics, t.status)
+             for t in Store(db_url).list_trials(study=f"{kind}-{run}-c64")] for kind in ("private", "shared")]
     assert ours[0] == ours[1] and len(ours[0]) == 30
     assert private.best.config == shared.best.config
     assert private.best.output_tokens_per_s == shared.best.output_tokens_per_s

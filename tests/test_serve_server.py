@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import sys
 import threading
 import time
@@ -68,3 +70,33 @@ def test_stop_is_forwarded_and_live_profiles_are_recorded_periodically_and_at_ex
     assert final.kind == "live" and final.acceptance["predictable"]["num_drafts"] == 8
     assert not launch.metrics_dir.exists()  # Prometheus multiprocess files are removed after the run
     assert launch.plugin_path.is_file()  # the plugin config stays for inspection
+
+
+def test_a_closed_terminal_stops_the_server_gracefully(tmp_path: Path) -> None:
+    # Issue 44.2: SIGHUP of `serve` (the terminal closed) left the vLLM server running with no final statistics. Here
+    # the SIGHUP reaches this process (the main thread, where run_server installs its handlers) once the server runs.
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    add_recommendation(store)
+    add_profile(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    launch = build_launch(tuned, port=18998, run_dir=tmp_path / "run")
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    marker = tmp_path / "terminated"
+    launch = dataclasses.replace(launch, argv=(sys.executable, str(script), str(marker)))
+    logs: list[str] = []
+    recorder = LiveRecorder(store, tuned, launch.stats_path, log=logs.append, environment=ENV)
+
+    def hang_up_once_running() -> None:
+        deadline = time.monotonic() + 60
+        while not recorder.profile_ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    threading.Thread(target=hang_up_once_running, daemon=True).start()
+    code = run_server(launch, recorder, record_every_s=0.2, log=logs.append)
+
+    assert code == 0
+    assert marker.read_text() == str(int(signal.SIGTERM))  # forwarded as SIGTERM: the server shut down gracefully
+    final = store.get_profile(recorder.profile_ids[-1])
+    assert final.acceptance["predictable"]["num_drafts"] == 8  # its statistics at the stop were recorded

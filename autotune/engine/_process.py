@@ -1,7 +1,9 @@
 """Engine processes: process groups, health checks and the one poll-with-deadline loop.
 
 An engine (``LLM`` or ``vllm serve``) spawns an engine core and workers; they join the leader's process group, so
-ending the group ends all of them and releases their memory. Exit statuses follow one rule: a status is reported
+ending the group ends all of them and releases their memory. The leader is a leash (`autotune.engine._leash`) that
+runs the command and ends the group when the process that started it dies, so no engine outlives a killed
+`peagle-tune`. Exit statuses follow one rule: a status is reported
 only when the process exited on its own; one we caused (SIGKILL after a deadline) says nothing about the run and is
 reported as None.
 """
@@ -13,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,13 +28,19 @@ from autotune.engine._constants import GROUP_EXIT_WAIT_S, HEALTH_TIMEOUT_S, LOOP
 PollOutcome = Literal["done", "exited", "timeout"]
 
 
+#: The leash script: run as a file with ``python -I`` (the standard library only, no package imports).
+LEASH = Path(__file__).with_name("_leash.py")
+
+
 def start_process_group(
     cmd: Sequence[str], log_path: Path | None, env: Mapping[str, str]
 ) -> subprocess.Popen[bytes]:
-    """Start `cmd` as the leader of a new process group (its engine children join it).
+    """Start `cmd` in a new process group (its engine children join it), led by a leash that ends the group when
+    this process dies; the leash exits as `cmd` does, so the returned process's status is `cmd`'s.
 
     Output goes to `log_path` (appended, stderr included), or to this process's stdout/stderr when None.
     """
+    cmd = [sys.executable, "-I", str(LEASH), str(os.getpid()), "--", *cmd]
     if log_path is None:
         return subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
     with open(log_path, "ab") as log:

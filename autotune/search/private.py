@@ -60,7 +60,8 @@ def write_back(stored: optuna.Study, storage: optuna.storages.RDBStorage, study:
 
 
 def _finish(storage: optuna.storages.RDBStorage, trial_id: int, trial: FrozenTrial) -> None:
-    """A stored trial that was waiting (or running) when the copy was made, as the private study finished it."""
+    """A stored trial that was waiting when the copy was made (a re-queued config), as the private study finished
+    it."""
     if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
         return  # not waiting any more: another worker took it meanwhile
     for name, value in trial.params.items():

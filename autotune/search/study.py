@@ -139,7 +139,7 @@ class _Run:
     measurements: int = 0
     streak: int = 0
     rng: random.Random = field(default_factory=random.Random)
-    configs: dict[int, SpecConfig | None] = field(default_factory=dict)
+    configs: dict[int, SpecConfig] = field(default_factory=dict)
     """The config of each claimed trial by number (read once: a claimed trial's config never changes)."""
 
 
@@ -437,10 +437,9 @@ class Search:
                 return None
             claimed: dict[SpecConfig, FrozenTrial] = {}
             for t in claimed_trials:
-                if t.number not in run.configs:
-                    run.configs[t.number] = self._config_of(t)
-                config = run.configs[t.number]
+                config = run.configs.get(t.number) or self._config_of(t)
                 if config is not None:
+                    run.configs[t.number] = config
                     claimed.setdefault(config, t)
             if not any(t.state == TrialState.WAITING for t in trials):
                 unclaimed = [c for c in run.grid if c not in claimed]

@@ -48,8 +48,9 @@ def run_server(
 ) -> int:
     """Launch ``vllm serve`` and supervise it until it exits; returns its exit code when it was asked to stop.
 
-    The server runs in its own process group with this process's stdout/stderr. SIGINT/SIGTERM received here are
-    forwarded to the whole group (vLLM shuts down gracefully and the plugin flushes its statistics); a second
+    The server runs in its own process group with this process's stdout/stderr, and ends if this process dies
+    (`start_process_group`'s leash). SIGINT/SIGTERM received here are forwarded to the whole group, SIGHUP (a
+    closed terminal) as SIGTERM: vLLM shuts down gracefully and the plugin flushes its statistics. A second
     signal, or no exit within ``shutdown_grace_s``, kills the group. Every ``record_every_s`` seconds and once
     after the server exits, ``recorder.record()`` (a `LiveRecorder`) stores the live profile.
 
@@ -76,11 +77,12 @@ def run_server(
             signal_process_group(proc, signal.SIGKILL)
             return
         stopping["since"] = time.monotonic()
-        signal_process_group(proc, signum)
+        # A closed terminal (SIGHUP) stops the server as SIGTERM does: gracefully, the plugin writing its statistics.
+        signal_process_group(proc, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     started = time.monotonic()
     next_record = started + record_every_s
     ready_at: float | None = None
