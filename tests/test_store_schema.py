@@ -375,3 +375,31 @@ def test_missing_driver_names_the_install_command() -> None:
 def test_malformed_url_lists_the_accepted_forms() -> None:
     with pytest.raises(DatabaseUnavailableError, match="Cannot parse the database URL .* or a plain file path"):
         Store("not a url://x")
+
+
+def _alembic_heads() -> list[str]:
+    from alembic.script import ScriptDirectory
+
+    return list(ScriptDirectory.from_config(migrate.alembic_config()).get_heads())
+
+
+def test_the_head_read_without_alembic_is_alembics_head() -> None:
+    # Opening a store reads the head from the migration files itself (Alembic takes ~0.6 s to import).
+    assert [migrate.head_revision()] == _alembic_heads() == ["0001"]
+
+
+def test_the_head_read_without_alembic_follows_a_newer_migration(newer_migrations: None) -> None:
+    assert [migrate.head_revision()] == _alembic_heads() == ["0002"]
+
+
+def test_the_revision_read_without_alembic_is_alembics(db_url: str) -> None:
+    from alembic.migration import MigrationContext
+
+    Store(db_url).close()
+    engine = create_store_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            theirs = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_heads()
+            assert [migrate.current_revision(connection)] == list(theirs) == ["0001"]
+    finally:
+        engine.dispose()
