@@ -28,6 +28,7 @@ from typing import Any
 
 from autotune.errors import NotFoundError, PeagleError, UsageError
 from autotune.names import did_you_mean
+from autotune.safe_text import shell_word
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def matching(records: Iterable[Any], criteria: Criteria) -> list[Entry]:
     gpu = None if criteria.gpu is None else _wanted_gpu(criteria.gpu, (e.gpu for e in found))
     search_hint = _search_hint(criteria)
     if not found:
-        args = f"--model {criteria.model or 'MODEL'}" + (f" --gpu {criteria.gpu}" if criteria.gpu else "")
+        args = f"--model {_word(criteria.model)}" + (f" --gpu {shell_word(criteria.gpu)}" if criteria.gpu else "")
         raise NotFoundError(f"No recommendation is stored yet: run `peagle-tune search {args}` first.")
     if criteria.model is not None:
         stored = sorted({str(e.rec.model) for e in found})
@@ -316,9 +317,9 @@ def _value(option: str, e: Entry) -> Any:
 
 
 def _search_hint(criteria: Criteria) -> str:
-    args = [f"--model {criteria.model or 'MODEL'}"]
-    args += [f"--gpu {criteria.gpu}"] if criteria.gpu else []
-    args += [f"--workload {criteria.workload}"] if criteria.workload else []
+    args = [f"--model {_word(criteria.model)}"]
+    args += [f"--gpu {shell_word(criteria.gpu)}"] if criteria.gpu else []
+    args += [f"--workload {shell_word(criteria.workload)}"] if criteria.workload else []
     args += [f"--concurrency {criteria.concurrency}"] if criteria.concurrency is not None else []
     return f"`peagle-tune show` lists what is stored; `peagle-tune search {' '.join(args)}` makes one."
 
@@ -469,3 +470,8 @@ __all__ = [
     "objective_label",
     "with_search",
 ]
+
+
+def _word(model: str | None) -> str:
+    """A --model value for a hint: the name, shell-quoted, or the placeholder MODEL."""
+    return shell_word(model) if model else "MODEL"

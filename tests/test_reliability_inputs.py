@@ -347,3 +347,18 @@ def test_a_class_label_is_what_the_plugin_counts_under(tmp_path: Path, label: st
         load_workload(path)
     shown = json.dumps(json.loads(f'"{label}"'))[:60]
     assert str(info.value).startswith(f'{path}:2: "class" {shown} {problem}; expected one JSON object per line')
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "--model=--scheduler-cls=evil.Sched", "--dry-run"],
+    ["serve", "--model", "gpt-oss-120b", "--drafter=--scheduler-cls=evil.Sched", "--dry-run"],
+    ["search", "--model=--scheduler-cls=evil.Sched"],
+    ["search", "--model", "gpt-oss-120b", "--drafter=--worker-cls=evil.W"],
+    ["profile", "--model=--scheduler-cls=evil.Sched"],
+    ["simulate", "--model=--scheduler-cls=evil.Sched"],
+], ids=lambda a: " ".join(a[:2]))
+def test_a_checkpoint_name_that_reads_as_an_option_is_refused(args: list[str]) -> None:
+    # Issue 44.6: `serve --model=--scheduler-cls=evil.Sched --dry-run` put that option into vLLM's command line.
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "starts with '-', which vLLM would read as an option" in result.output

@@ -174,3 +174,13 @@ def test_meminfo_parsing_and_the_fraction(tmp_path: Path) -> None:
     assert cpu_memory_fraction(total, available) == 0.45  # 0.9 * 4 / 8
     assert cpu_memory_fraction(100, 0) == 0.01  # never 0 (vLLM needs > 0); vLLM then explains the memory shortage
     assert read_meminfo(tmp_path / "missing") is None
+
+
+def test_a_hint_names_a_hostile_model_as_one_shell_word(tmp_path: Path) -> None:
+    # Issue 44.6: pasting the hint for a model named `t$(touch PWNED)x` ran the command substitution.
+    hostile = "my-org/t$(touch PWNED)x"
+    result = CliRunner().invoke(serve, ["--model", hostile, "--db", f"sqlite:///{tmp_path / 'e.db'}", "--dry-run"])
+    assert result.exit_code == 3, result.output
+    hint = result.output.split("`peagle-tune search ", 1)[1].split("`", 1)[0]
+    assert shlex.split(hint)[:2] == ["--model", hostile]  # one word, as typed: the shell substitutes nothing
+    assert "'my-org/t$(touch PWNED)x'" in hint

@@ -213,6 +213,8 @@ def dtype_callback(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 
 # ------------------------------------------------------------------------------------------------------- names
 #: Names the command line takes: option -> most characters (--study is checked by the search, which appends to it).
+#: Options naming a checkpoint, which reach vLLM's command line.
+CHECKPOINT_OPTIONS = ("--model", "--drafter")
 NAME_BOUNDS: dict[str, int] = {
     "--model": MAX_NAME_CHARS,  # the database's name columns
     "--drafter": MAX_NAME_CHARS,
@@ -226,6 +228,10 @@ def checked_name(option: str, value: str) -> str:
     problem = name_problem(value, NAME_BOUNDS[option])
     if problem is not None:
         raise UsageFailure(f"{option} {value!r:.60} {problem}; give a printable name.")
+    if option in CHECKPOINT_OPTIONS and value.startswith("-"):
+        # `--model=--scheduler-cls=x.Y` would reach vLLM's command line as an option of its own.
+        raise UsageFailure(f"{option} {value!r:.60} starts with '-', which vLLM would read as an option; give a "
+                           f"name, a repo id or a path (./{value[:40]} for a directory named so).")
     return value
 
 

@@ -21,6 +21,7 @@ from autotune.cli._common import (
     open_store,
     wide_console,
 )
+from autotune.safe_text import shell_word
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -389,7 +390,8 @@ def next_line(run: SearchRun, done: list[ScenarioResult]) -> str:
         later = (f"`peagle-tune export --recommendation {top.recommendation_id} --format schedule` for one config "
                  f"whose K follows the batch size (covers {covers})")
     else:
-        later = (f"`peagle-tune serve --model {short_model_arg(run.model)} --gpu {short_gpu(run.device)} --dry-run` "
+        later = (f"`peagle-tune serve --model {shell_word(short_model_arg(run.model))} "
+                 f"--gpu {shell_word(short_gpu(run.device))} --dry-run` "
                  f"for one config whose K follows the batch size ({covers}; vLLM's own schedule does not take this "
                  "config)")
     return f"Next: {export} at c={top.scenario.concurrency}; `peagle-tune show` lists the others), or {later}."

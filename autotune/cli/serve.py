@@ -10,6 +10,7 @@ import click
 from autotune.cli._bounds import name_callback, number
 from autotune.cli._common import canonical_model, db_option, err_console, errors, open_store
 from autotune.cli._select import Unit, choose, selection_options
+from autotune.safe_text import shell_word
 from autotune.selection import Choice, Criteria
 
 
@@ -204,10 +205,11 @@ def _nothing_here(store: Any, criteria: Criteria, here: str) -> str:
     """Why a launch on this machine has nothing to serve, and what to run (or pass) instead."""
     model = criteria.model
     others = sorted({r.gpu for r in store.list_recommendations(model=model)})
+    word = shell_word(model or "MODEL")
     hint = (f" There are recommendations for {model} on {', '.join(others)}: pass --gpu G to serve one of them "
-            f"anyway, or --recommendation ID (`peagle-tune show --model {model}` lists them).") if others else ""
+            f"anyway, or --recommendation ID (`peagle-tune show --model {word}` lists them).") if others else ""
     return (f"There is no recommendation for {model} on this machine's device ({here}). Run `peagle-tune search "
-            f"--model {model} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}")
+            f"--model {word} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}")
 
 
 def _choice_lines(choice: Choice, where: str, *, given: bool, by_concurrency: bool) -> list[str]:

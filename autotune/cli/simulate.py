@@ -11,6 +11,7 @@ import click
 
 from autotune.cli._bounds import name_callback, number, numbers
 from autotune.cli._common import db_option, echo, err_console, errors, open_store
+from autotune.safe_text import shell_word
 
 _WIDTH = 80
 _CONFIG_COL = 30
@@ -198,7 +199,8 @@ def simulate(
         return
     echo(render(result, per_phase))
     if study is not None:
-        err_console.print(f"Stored as study {study} (peagle-tune show --simulation {study}; peagle-tune report).",
+        err_console.print(f"Stored as study {study} (peagle-tune show --simulation {shell_word(study)}; "
+                          "peagle-tune report).",
                           soft_wrap=True, highlight=False, markup=False)
 
 

@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
+from autotune.safe_text import shell_word
 from autotune.search.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics, speedup_range
 from autotune.search.schedule import ScheduleEntry
@@ -362,15 +363,15 @@ def summarize(
     if finished and not complete:
         raise UsageError(
             f"No trial of study {study.study_name!r} completed with finite figures: all {len(finished)} complete "
-            f"trials have NaN or infinite figures (see `peagle-tune show --trials {study.study_name}`). Check the "
-            "backend's measurements and run again."
+            f"trials have NaN or infinite figures (see `peagle-tune show --trials {shell_word(study.study_name)}`). "
+            "Check the backend's measurements and run again."
         )
     if not complete:
         reasons = sorted({str(trial_info(t).get("failure", "unknown")) for t in failed})
         raise UsageError(
             f"No trial of study {study.study_name!r} completed ({len(failed)} failed, {len(pruned)} pruned, "
             f"{len(running)} running elsewhere): {'; '.join(reasons)[:500]}. Fix the cause above "
-            f"(see `peagle-tune show --trials {study.study_name}`) and run again."
+            f"(see `peagle-tune show --trials {shell_word(study.study_name)}`) and run again."
         )
     front = [t for t in pareto_front(study, config_of) if finite_trial(t)] if objective.multi else []
     chosen, ok = pick_released(objective, complete, front, scenario, space, config_of)

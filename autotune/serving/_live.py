@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.safe_text import shell_word
 from policies import AcceptanceProfile, StepCostModel, StepSample, mix
 from policies.plugin import PluginStats
 
@@ -159,9 +160,9 @@ class DriftReport:
         )
         return (
             f"Live acceptance drifted by more than {self.threshold:.0%} from the tuned profile ({parts}). "
-            f"Consider re-tuning from the live profile: `peagle-tune search --model {model} --backend model "
-            f"--workload {workload_hint}` (it predicts from the newest profile, this live one), or re-profile with "
-            f"`peagle-tune profile`."
+            f"Consider re-tuning from the live profile: `peagle-tune search --model {shell_word(model)} --backend "
+            f"model --workload {shell_word(workload_hint)}` (it predicts from the newest profile, this live one), or "
+            f"re-profile with `peagle-tune profile`."
         )
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, NotFoundError, UnknownModelError, UsageError
+from autotune.safe_text import shell_word
 from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, ClassPolicy, RequestPolicy, StepCostModel, load_policy
 from policies.plugin import PluginConfig
@@ -211,7 +212,7 @@ def _cold_start(
     notes.append(
         f"Cold start: no recommendation for {model} on {device}; serving drafter {config.drafter} at K={config.k} "
         "from the default controller settings, learning acceptance and step costs online (run `peagle-tune "
-        f"search --model {model}` to tune)."
+        f"search --model {shell_word(model)}` to tune)."
     )
     tuned = TunedConfig(model=model, spec=config, policy=policy, recommendation={})
     return _with_priors(store, tuned, device, notes, learn=True)
@@ -222,8 +223,9 @@ def _recommendation(store: Any, model: str, rec_id: int | None, device: str, not
         rec = store.get_recommendation(rec_id)
         if rec.model != model:
             raise UsageError(
-                f"Recommendation #{rec_id} is for model {rec.model!r}, not {model!r}. Pass --model {rec.model} or "
-                f"the id of a recommendation for {model!r} (`peagle-tune show --model {model}`)."
+                f"Recommendation #{rec_id} is for model {rec.model!r}, not {model!r}. Pass --model "
+                f"{shell_word(rec.model)} or the id of a recommendation for {model!r} "
+                f"(`peagle-tune show --model {shell_word(model)}`)."
             )
         if rec.gpu != device:
             notes.append(f"Recommendation #{rec_id} was tuned for {rec.gpu}; this machine is {device}.")
@@ -241,13 +243,13 @@ def _recommendation(store: Any, model: str, rec_id: int | None, device: str, not
     others = sorted({r.gpu for r in store.list_recommendations(model=model)})
     hint = (
         f" There are recommendations for {model} on {', '.join(others)}: pass --recommendation ID to serve one "
-        f"of them (`peagle-tune show --model {model}` lists the ids)."
+        f"of them (`peagle-tune show --model {shell_word(model)}` lists the ids)."
         if others
         else ""
     )
     raise NotFoundError(
         f"There is no recommendation for {model} on this machine's device ({device}). Run `peagle-tune search "
-        f"--model {model} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}"
+        f"--model {shell_word(model)} --backend vllm` (or `peagle-tune profile` then `peagle-tune search`) first.{hint}"
     )
 
 
@@ -304,8 +306,9 @@ def _with_priors(store: Any, tuned: TunedConfig, device: str, notes: list[str], 
             acceptance_source = f"{profile.kind} profile #{profile.id}" if acceptance else ""
     else:
         notes.append(
-            f"No stored profile of {spec.drafter} on {device}: run `peagle-tune profile --model {tuned.model} "
-            f"--drafter {spec.drafter} --workload W` for measured acceptance and step costs."
+            f"No stored profile of {spec.drafter} on {device}: run `peagle-tune profile --model "
+            f"{shell_word(tuned.model)} --drafter {shell_word(str(spec.drafter))} --workload W` for measured "
+            "acceptance and step costs."
         )
     if not acceptance and rec.get("best_config"):
         al = (rec.get("metrics") or {}).get("acceptance_length")

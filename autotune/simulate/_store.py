@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import NotFoundError, UsageError
+from autotune.safe_text import shell_word
 from autotune.simulate._result import SimulationResult
 from store import Store, TrialRecord
 
@@ -120,7 +121,7 @@ def load_simulation(store: Store, study: str) -> SimulationResult:
         )
     if not all(is_simulation(t) for t in trials):
         raise UsageError(f"Study {study!r} is not a simulation (its trials come from a search): use "
-                         f"`peagle-tune show --trials {study}`.")
+                         f"`peagle-tune show --trials {shell_word(study)}`.")
     first = trials[0]
     try:
         header = dict(first.metrics["simulation"])
