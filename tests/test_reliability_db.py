@@ -337,3 +337,27 @@ def test_a_password_in_the_url_query_is_masked() -> None:
     assert result.exit_code == 0 and "s3cret" not in result.output and "k3y" not in result.output
     assert result.output.strip() == masked
 
+
+
+@pytest.mark.parametrize("args", [["show"], ["show", "--studies"], ["export"], ["report", "--out", "r"]],
+                         ids=" ".join)
+def test_a_read_command_on_a_database_that_does_not_exist_says_so_and_creates_nothing(
+    tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 44.7: `show --db typo.db` created a 100 KB database and exited 0.
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, [*args, "--db", "typo.db"])
+    assert result.exit_code == 3, result.output
+    assert f"There is no database at {tmp_path / 'typo.db'}: check --db (or PEAGLE_DB)" in result.output
+    assert not (tmp_path / "typo.db").exists()
+
+
+def test_a_planted_claim_lock_link_is_not_followed(tmp_path: Path) -> None:
+    # Issue 44.7: a symbolic link at <db>.claims.lock was followed (created or locked the file it points to).
+    target = tmp_path / "someone-elses-file"
+    (tmp_path / "peagle.db.claims.lock").symlink_to(target)
+    result = CliRunner().invoke(main, ["search", "--model", "gpt-oss-120b", "--concurrency", "8", "--trials", "3",
+                                       "--db", str(tmp_path / "peagle.db")])
+    assert result.exit_code == 1, result.output
+    assert "peagle.db.claims.lock: it is a symbolic link; peagle-tune creates this file itself" in result.output
+    assert not target.exists()

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from ux_cli import cli
 
+from store import Store
+
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -94,8 +96,14 @@ def test_show_trials_at_80_columns(db: str) -> None:
     assert "no speculation" in body and "p-eagle" in body
 
 
+def empty_database(path: Path) -> str:
+    """A database file with the tables and nothing stored (a read command refuses a file that does not exist)."""
+    Store(str(path)).close()
+    return str(path)
+
+
 def test_show_profiles_empty_names_the_profile_command(tmp_path: Path) -> None:
-    result = cli("show", "--profiles", "--db", str(tmp_path / "empty.db"))
+    result = cli("show", "--profiles", "--db", empty_database(tmp_path / "empty.db"))
     assert result.exit_code == 0, result.output
     assert "peagle-tune profile" in result.stdout and "peagle-tune search" not in result.stdout
 
@@ -104,12 +112,12 @@ def test_group_level_db_and_command_db_precedence(db: str, tmp_path: Path) -> No
     grouped = cli("--db", db, "show", "--json")
     assert grouped.exit_code == 0, grouped.output
     assert len(json.loads(grouped.stdout)["recommendations"]) == 2
-    empty = str(tmp_path / "other.db")
+    empty = empty_database(tmp_path / "other.db")
     # The command's own --db wins over the group's.
     assert json.loads(cli("--db", db, "show", "--json", "--db", empty).stdout)["recommendations"] == []
 
 
 def test_group_db_beats_the_environment(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PEAGLE_DB", str(tmp_path / "env.db"))
+    monkeypatch.setenv("PEAGLE_DB", empty_database(tmp_path / "env.db"))
     assert len(json.loads(cli("--db", db, "show", "--json").stdout)["recommendations"]) == 2
     assert json.loads(cli("show", "--json").stdout)["recommendations"] == []

@@ -211,15 +211,27 @@ catalog_option = click.option(
 )
 
 
-def open_store(db_url: str | None, *, writes: bool = False) -> Any:
+def open_store(db_url: str | None, *, writes: bool = False, existing: bool = False) -> Any:
     """The `Store` for --db (a URL or a SQLite file path; None: the default database).
 
     An in-memory database (``sqlite://``) is refused: each command is its own process, so it would start empty and
     lose what it stores. `writes`: the command stores results, so a read-only database, or a SQLite file with a
-    damaged page, is refused before any work. A stored row that cannot be read is skipped by listings and reported in
-    one line on stderr (table, id and what is wrong); the other rows are shown.
+    damaged page, is refused before any work. `existing`: the command only reads what is stored, so a SQLite file
+    named with --db (or PEAGLE_DB) that does not exist is "not found" (exit 3), not a new empty database. A stored
+    row that cannot be read is skipped by listings and reported in one line on stderr (table, id and what is wrong);
+    the other rows are shown.
     """
-    from store import Store
+    from store import Store, normalize_db_url
+
+    if existing and db_url is not None:
+        from sqlalchemy import make_url
+
+        parsed = make_url(normalize_db_url(db_url))
+        database = parsed.database or ""
+        if parsed.get_backend_name() == "sqlite" and database and "mode=memory" not in database \
+                and database != ":memory:" and not Path(database).exists():
+            raise NotFoundError(f"There is no database at {database}: check --db (or PEAGLE_DB); `peagle-tune "
+                                "search` creates one.")
 
     return Store(db_url, persistent=True, for_writing=writes, on_bad_row=lambda line: click.echo(line, err=True))
 

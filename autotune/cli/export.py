@@ -72,7 +72,7 @@ def export(
 
     criteria = Criteria(model=canonical_model(model) if model else None, gpu=gpu, workload=workload,
                         objective=objective, concurrency=concurrency)
-    with open_store(db_url) as store:
+    with open_store(db_url, existing=True) as store:
         choice = choose(store, criteria, rec_id, "search" if fmt == "schedule" and concurrency is None else "one")
     rec = choice.rec
     record = rec.to_dict()

@@ -37,7 +37,7 @@ def report(model: str | None, out_dir: Path, force: bool, db_url: str | None) ->
     """
     from autotune.report import write_report
 
-    store = open_store(db_url)
+    store = open_store(db_url, existing=True)
     try:
         with console.status("Drawing the report figures..."):
             index = write_report(store, out_dir, canonical_model(model) if model else None, force=force)

@@ -70,7 +70,7 @@ def show(
     from autotune.errors import NotFoundError
     from autotune.report import objective_directions
 
-    store = open_store(db_url)
+    store = open_store(db_url, existing=True)
     if model:
         model = canonical_model(model)
     payload: dict[str, Any] = {}

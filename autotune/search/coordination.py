@@ -137,7 +137,15 @@ class ClaimLock(AbstractContextManager["ClaimLock"]):
         if self._kind == "file":
             import fcntl
 
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a planted link (to someone's file, which we would create or lock)
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            except OSError as exc:
+                link = os.path.islink(self._path)
+                raise StudyStorageError(
+                    f"Cannot use the claim lock {self._path}: "
+                    + ("it is a symbolic link; peagle-tune creates this file itself: remove the link."
+                       if link else f"{exc.strerror or exc}; check that the database's folder is writable.")
+                ) from None
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         elif self._kind == "memory":
             self._memory_lock.acquire()
