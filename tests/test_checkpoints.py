@@ -271,3 +271,18 @@ def test_no_network_module_is_imported_by_resolving_a_local_directory() -> None:
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_a_truncated_cached_weights_file_is_missing_not_complete(hub_cache: HubCache) -> None:
+    # Issue 44.8: a weights blob cut to 1,000 bytes passed as "in the cache ... nothing to download", and the
+    # engines died on it ("invalid header length") 91 s later.
+    blob = (hub_cache.snapshot("org/target") / "model.safetensors").resolve()
+    size = blob.stat().st_size
+    with blob.open("r+b") as f:
+        f.truncate(1000)
+    ckpt = resolve_checkpoint("org/target")
+    assert not ckpt.complete and ckpt.local_dir is None
+    assert ckpt.missing_files == ("model.safetensors",) and ckpt.missing_bytes == size
+    assert "to download (1 file)" in ckpt.download_line()
+    with pytest.raises(CheckpointError, match="--no-download"):
+        fetch_checkpoint(ckpt, no_download=True)

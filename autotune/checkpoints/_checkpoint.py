@@ -226,9 +226,11 @@ def _config_from(folder: Path, present: dict[str, int], repo_id: str) -> dict[st
 
 
 def _plan(listing: dict[str, int], shards: list[str] | None, present: dict[str, int]) -> tuple[list[str], list[str]]:
-    """(weight files, missing files) of a launch given the repo's listing and the cached files."""
+    """(weight files, missing files) of a launch given the repo's listing and the cached files. A cached file
+    shorter than the listing says (an interrupted or damaged download) is missing too: vLLM would fail on it
+    ("invalid header length") minutes into a launch."""
     needed = launch_files(listing, shards)
-    return weight_files(listing, shards), [f for f in needed if f not in present]
+    return weight_files(listing, shards), [f for f in needed if present.get(f, -1) < listing[f]]
 
 
 def _repo_checkpoint(requested: str, repo_id: str, revision: str | None, catalog: str | None,
@@ -333,6 +335,10 @@ def fetch_checkpoint(checkpoint: Checkpoint, *, no_download: bool = False) -> Pa
     patterns = list(checkpoint.missing_files) if checkpoint.missing_bytes is not None else list(LAUNCH_PATTERNS)
     revision = checkpoint.commit or checkpoint.revision
     hub = _hub.hub()
+    # With a known listing the patterns are exactly the missing files: forced, so a short cached blob is replaced
+    # (huggingface_hub otherwise keeps a file that is present, whatever its size).
+    forced = checkpoint.missing_bytes is not None
     folder = _hub.call(repo_id, revision, lambda: hub.snapshot_download(
-        repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=list(IGNORED_PATTERNS)))
+        repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=list(IGNORED_PATTERNS),
+        force_download=forced))
     return Path(folder)
