@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hub_cache import HubCache, hub_cache_fixture  # noqa: F401  (tests/ is on sys.path; the hub_cache fixture)
 
 from autotune.cli.serve import serve
 from policies import ControllerSettings
@@ -184,3 +185,10 @@ def test_a_hint_names_a_hostile_model_as_one_shell_word(tmp_path: Path) -> None:
     hint = result.output.split("`peagle-tune search ", 1)[1].split("`", 1)[0]
     assert shlex.split(hint)[:2] == ["--model", hostile]  # one word, as typed: the shell substitutes nothing
     assert "'my-org/t$(touch PWNED)x'" in hint
+
+
+def test_a_cached_repo_id_drafter_is_served_as_search_takes_it(tmp_path: Path, hub_cache: HubCache) -> None:
+    # Issue 44.6: `serve --drafter org/name` (a cached repo id that `search` accepts) was "unknown drafter".
+    result = dry_run(f"sqlite:///{tmp_path / 'empty.db'}", "--drafter", "org/drafter-1l")
+    spec = json.loads(option(adaptive_launch(result.stdout), "--speculative-config"))
+    assert (spec["method"], spec["model"], spec["parallel_drafting"]) == ("draft_model", "org/drafter-1l", True)

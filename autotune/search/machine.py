@@ -97,7 +97,7 @@ def drafter_spec(value: str, target: Any) -> Any:
             raise
     checkpoint = resolve_checkpoint(value, "drafter")
     path = checkpoint.local_dir or Path(checkpoint.repo_id or value)
-    spec = drafter_from_config(checkpoint.config, path, target.name)
+    spec = drafter_from_config(checkpoint.config, path, None if target is None else target.name)
     return dataclasses.replace(spec, name=checkpoint.name, local_path=None, aliases=(),
                                source=f"config.json of {checkpoint.name}")
 

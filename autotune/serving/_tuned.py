@@ -179,11 +179,12 @@ def resolve_tuned_config(
 
 
 def _drafter_config(drafter: str, max_k: int | None = None) -> SpecConfig:
-    """The speculative config serving ``drafter`` (catalog name or local directory) without a tuned one: its method
-    and parallel drafting, at ``max_k``, else its recommended (or trained) K, else `DEFAULT_COLD_START_K`."""
-    from autotune.catalogs import get_drafter
+    """The speculative config serving ``drafter`` (a catalog name, a local directory or a Hugging Face repo id, as
+    `search` takes them) without a tuned one: its method and parallel drafting, at ``max_k``, else its recommended
+    (or trained) K, else `DEFAULT_COLD_START_K`."""
+    from autotune.search.machine import drafter_spec
 
-    spec = get_drafter(drafter)
+    spec = drafter_spec(drafter, None)
     k = max_k if max_k is not None else (spec.recommended_k or spec.trained_k or DEFAULT_COLD_START_K)
     try:
         return SpecConfig.from_dict({"method": spec.method, "drafter": spec.local_path or spec.name,
