@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import MethodType, TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -125,6 +126,12 @@ class Store:
     ) -> None:
         self._url = normalize_db_url(url if url is not None else default_db_url())
         self._parsed = parse_db_url(self._url)
+        database = self._parsed.database or ""
+        if self._parsed.get_backend_name() == "sqlite" and database and Path(database).is_dir():
+            raise DatabaseUnavailableError(
+                f"{database} is a directory, not a database file: give a file, e.g. --db {Path(database) / 'peagle.db'}"
+                f" (or PEAGLE_DB)."
+            )
         self._closed = False
         self._engine, self._access = open_engine(self._url, lock_timeout_s=lock_timeout_s)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)

@@ -361,3 +361,12 @@ def test_a_planted_claim_lock_link_is_not_followed(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert "peagle.db.claims.lock: it is a symbolic link; peagle-tune creates this file itself" in result.output
     assert not target.exists()
+
+
+def test_a_database_path_that_is_a_directory_names_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 44.7: PEAGLE_DB set to a directory said "check that the folder is writable".
+    monkeypatch.setenv("PEAGLE_DB", str(tmp_path))
+    result = CliRunner().invoke(main, ["show"])
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path} is a directory, not a database file: give a file, e.g. --db {tmp_path / 'peagle.db'}" \
+        in result.output
