@@ -6,6 +6,7 @@ huggingface_hub's own exception classes raised by the one HfApi call we make."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,27 @@ def test_a_truncated_cached_weights_file_is_missing_not_complete(hub_cache: HubC
     assert "to download (1 file)" in ckpt.download_line()
     with pytest.raises(CheckpointError, match="--no-download"):
         fetch_checkpoint(ckpt, no_download=True)
+
+
+@pytest.mark.parametrize("size", ["abc", -1e12, 1.5, 10**18])
+def test_a_hub_listing_with_a_size_that_is_no_byte_count_is_one_line(size: object) -> None:
+    # Issue 44.8: size "abc" gave "Unexpected ... bug"; -1e12 printed "-1.0 TB to download".
+    from types import SimpleNamespace
+
+    from autotune.checkpoints._hub import sibling_sizes
+
+    info = SimpleNamespace(id="org/x", siblings=[SimpleNamespace(rfilename="model.safetensors", size=size, lfs=None)])
+    with pytest.raises(CheckpointError) as info_error:
+        sibling_sizes(info)
+    assert "gives 'model.safetensors' the size" in _one_line(info_error) and "no byte count" in str(info_error.value)
+
+
+def test_a_damaged_cached_listing_counts_as_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build_hub_cache(tmp_path, {"org/target": _TARGET})
+    use_hub_cache(monkeypatch, tmp_path)
+    for tree in (tmp_path / "hub").glob("models--org--target/trees/*.json"):
+        data = json.loads(tree.read_text())
+        data["files"]["model.safetensors"]["size"] = -10**12
+        tree.write_text(json.dumps(data))
+    ckpt = resolve_checkpoint("org/target")  # judged by the weights present, as without a listing
+    assert ckpt.complete and ckpt.missing_bytes == 0 and ckpt.weight_bytes == _TARGET_WEIGHTS

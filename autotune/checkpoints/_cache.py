@@ -114,9 +114,27 @@ def _listing(cache_dir: Path, repo_id: str, commit: str) -> dict[str, int] | Non
     out: dict[str, int] = {}
     for f in files:
         lfs = getattr(f, "lfs", None)
-        size = getattr(lfs, "size", None) if lfs is not None else None
-        out[str(f.path)] = int(size if size is not None else f.size or 0)
+        size = byte_count(getattr(lfs, "size", None) if lfs is not None else getattr(f, "size", 0))
+        if size is None:  # a damaged listing ("abc", -1e12): as unknown as a missing one
+            return None
+        out[str(f.path)] = size
     return out
+
+
+#: Largest file size a listing may give (1 PB): beyond it the listing is damaged, not the repo huge.
+MAX_FILE_BYTES = 10**15
+
+
+def byte_count(value: Any) -> int | None:
+    """`value` as a file's size in bytes (None or absent: 0), or None when it is no byte count (text, negative,
+    fractional, beyond `MAX_FILE_BYTES`)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value) if 0 <= value <= MAX_FILE_BYTES else None
 
 
 def read_cached(cache_dir: Path, repo_id: str, revision: str | None) -> CachedRepo | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from autotune.checkpoints._cache import byte_count
 from autotune.checkpoints._errors import CheckpointError
 from autotune.checkpoints._names import shown
 from autotune.errors import PeagleError, UnknownModelError
@@ -185,8 +186,14 @@ def sibling_sizes(info: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for sibling in getattr(info, "siblings", None) or []:
         lfs = getattr(sibling, "lfs", None)
-        size = getattr(lfs, "size", None) if lfs is not None else None
+        raw = getattr(lfs, "size", None) if lfs is not None else None
+        if raw is None:
+            raw = getattr(sibling, "size", None)
+        size = byte_count(raw)
         if size is None:
-            size = getattr(sibling, "size", None)
-        out[str(sibling.rfilename)] = int(size or 0)
+            raise CheckpointError(
+                f"The hub's file listing of {getattr(info, 'id', 'the repo')} gives {str(sibling.rfilename)!r:.80} the "
+                f"size {raw!r:.40}, which is no byte count; retry later, or use a local directory."
+            )
+        out[str(sibling.rfilename)] = size
     return out
