@@ -311,3 +311,22 @@ def test_a_damaged_cached_listing_counts_as_no_listing(tmp_path: Path, monkeypat
         tree.write_text(json.dumps(data))
     ckpt = resolve_checkpoint("org/target")  # judged by the weights present, as without a listing
     assert ckpt.complete and ckpt.missing_bytes == 0 and ckpt.weight_bytes == _TARGET_WEIGHTS
+
+
+@pytest.mark.parametrize("kind", ["loop", "fifo", "directory"])
+def test_a_damaged_cached_config_names_what_it_is(hub_cache: HubCache, kind: str) -> None:
+    # Issue 44.8: a config.json that is a symlink loop, a FIFO or a directory was "not in the Hugging Face cache".
+    config = hub_cache.snapshot("org/target") / "config.json"
+    config.unlink()
+    if kind == "loop":
+        config.symlink_to(config.name)
+    elif kind == "fifo":
+        os.mkfifo(config)
+    else:
+        config.mkdir()
+    expected = {"loop": "is a link that resolves to nothing readable", "fifo": "is a FIFO",
+                "directory": "is a directory"}[kind]
+    with pytest.raises(CheckpointError) as info:
+        resolve_checkpoint("org/target")
+    message = _one_line(info)
+    assert f"{config} {expected}" in message and "delete" in message

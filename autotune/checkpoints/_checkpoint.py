@@ -9,6 +9,7 @@ launch, or refuses with the size when downloads are off.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -218,6 +219,13 @@ def _local_index(folder: Path, present: dict[str, int]) -> list[str] | None:
 
 def _config_from(folder: Path, present: dict[str, int], repo_id: str) -> dict[str, Any] | None:
     if CONFIG_FILE not in present:
+        path = folder / CONFIG_FILE
+        if os.path.lexists(path):  # there, but not a readable regular file: say what it is, not "not cached"
+            kind = ("a directory" if path.is_dir() else "a FIFO" if path.is_fifo() else
+                    "a link that resolves to nothing readable (dangling, a loop, or outside the cache)"
+                    if path.is_symlink() else "not a regular file")
+            raise CheckpointError(f"{path} is {kind}: the cached snapshot of {repo_id} is damaged; delete "
+                                  f"{folder} and let the next run download it again.")
         return None
     config = read_json(folder / CONFIG_FILE, f"config.json of {repo_id}")
     if not isinstance(config, dict):
