@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_serve_launch import ENV, MODEL, add_profile, add_recommendation
 
-from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
+from autotune.serving import LiveRecorder, ServeLaunch, build_launch, resolve_tuned_config, run_server
 from store import Store
 
 # Stands in for `vllm serve`: like the plugin, it writes statistics to the configured stats_path (one step of
@@ -39,18 +39,36 @@ while True:
 """
 
 
-def test_stop_is_forwarded_and_live_profiles_are_recorded_periodically_and_at_exit(tmp_path: Path) -> None:
+@dataclasses.dataclass
+class FakeServe:
+    """A `serve` launch of `FAKE_SERVER` with a stored recommendation and profile, and its live recorder."""
+
+    store: Store
+    launch: ServeLaunch
+    recorder: LiveRecorder
+    marker: Path
+    """Where the server writes the signal that stopped it."""
+    logs: list[str]
+
+
+def fake_serve(tmp_path: Path, port: int) -> FakeServe:
     store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
     add_recommendation(store)
     add_profile(store)
     tuned = resolve_tuned_config(store, MODEL, device="cpu")
-    launch = build_launch(tuned, port=18999, run_dir=tmp_path / "run")
+    launch = build_launch(tuned, port=port, run_dir=tmp_path / "run")
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
     marker = tmp_path / "terminated"
     launch = dataclasses.replace(launch, argv=(sys.executable, str(script), str(marker)))
     logs: list[str] = []
     recorder = LiveRecorder(store, tuned, launch.stats_path, log=logs.append, environment=ENV)
+    return FakeServe(store, launch, recorder, marker, logs)
+
+
+def test_stop_is_forwarded_and_live_profiles_are_recorded_periodically_and_at_exit(tmp_path: Path) -> None:
+    fake = fake_serve(tmp_path, 18999)
+    store, launch, recorder, marker, logs = fake.store, fake.launch, fake.recorder, fake.marker, fake.logs
     stop = threading.Event()
 
     def stop_after_first_record() -> None:
@@ -75,17 +93,8 @@ def test_stop_is_forwarded_and_live_profiles_are_recorded_periodically_and_at_ex
 def test_a_closed_terminal_stops_the_server_gracefully(tmp_path: Path) -> None:
     # Issue 44.2: SIGHUP of `serve` (the terminal closed) left the vLLM server running with no final statistics. Here
     # the SIGHUP reaches this process (the main thread, where run_server installs its handlers) once the server runs.
-    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
-    add_recommendation(store)
-    add_profile(store)
-    tuned = resolve_tuned_config(store, MODEL, device="cpu")
-    launch = build_launch(tuned, port=18998, run_dir=tmp_path / "run")
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
-    marker = tmp_path / "terminated"
-    launch = dataclasses.replace(launch, argv=(sys.executable, str(script), str(marker)))
-    logs: list[str] = []
-    recorder = LiveRecorder(store, tuned, launch.stats_path, log=logs.append, environment=ENV)
+    fake = fake_serve(tmp_path, 18998)
+    store, launch, recorder, marker, logs = fake.store, fake.launch, fake.recorder, fake.marker, fake.logs
 
     def hang_up_once_running() -> None:
         deadline = time.monotonic() + 60
