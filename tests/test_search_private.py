@@ -52,19 +52,21 @@ def stored_as(t: optuna.trial.FrozenTrial) -> tuple[Any, ...]:
             t.intermediate_values)
 
 
-def test_a_private_search_stores_what_the_shared_search_stores(db_url: str) -> None:
+def test_a_private_search_stores_what_the_shared_search_stores(db_url: str, tmp_path: Path) -> None:
     # 30 trials of 51 configs: TPE proposes, repeats some (told as duplicates) and the rest is the same sampler's
-    # choice on both paths only if the private study holds exactly what the shared one does at every step. Both
-    # studies in one database (PostgreSQL keeps Optuna's tables between tests: the names are new each run).
-    run = uuid.uuid4().hex[:8]
-    private = make(db_url, f"private-{run}", n_trials=30).run_scenario(Scenario(64))
-    shared = make(db_url, f"shared-{run}", n_trials=30, private=False).run_scenario(Scenario(64))
+    # choice on both paths only if the private study holds exactly what the shared one does at every step. The
+    # private study in the database under test, the shared one in a SQLite file, under one name (the name seeds
+    # the random configs a search enqueues; PostgreSQL keeps Optuna's tables between tests, so it is new each run).
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    shared_db = f"sqlite:///{tmp_path / 'shared.db'}"
+    private = make(db_url, prefix, n_trials=30).run_scenario(Scenario(64))
+    shared = make(shared_db, prefix, n_trials=30, private=False).run_scenario(Scenario(64))
 
-    both = [optuna_trials(db_url, f"{kind}-{run}") for kind in ("private", "shared")]
+    both = [optuna_trials(db, prefix) for db in (db_url, shared_db)]
     assert [stored_as(t) for t in both[0]] == [stored_as(t) for t in both[1]]
     assert any(t.user_attrs["peagle"].get("duplicate_of") is not None for t in both[0])
     ours = [[(t.number, t.config, t.values, t.metrics, t.status)
-             for t in Store(db_url).list_trials(study=f"{kind}-{run}-c64")] for kind in ("private", "shared")]
+             for t in Store(db).list_trials(study=f"{prefix}-c64")] for db in (db_url, shared_db)]
     assert ours[0] == ours[1] and len(ours[0]) == 30
     assert private.best.config == shared.best.config
     assert private.best.output_tokens_per_s == shared.best.output_tokens_per_s

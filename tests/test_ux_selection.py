@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +74,14 @@ def db_one(tmp_path_factory: pytest.TempPathFactory) -> str:
 def db_two(db_one: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """`db_one` plus a latency search with a TPOT SLO at concurrency 64: two recommendations for c=64."""
     path = str(tmp_path_factory.mktemp("ux-selection") / "two.db")
-    shutil.copy(db_one, path)
+    # SQLite's backup copies what is committed, the write-ahead log's pages included (a copy of the main file alone
+    # misses the commits not yet checkpointed into it).
+    source, target = sqlite3.connect(db_one), sqlite3.connect(path)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
     ok(*SEARCH, "--model", "gpt-oss-120b", "--concurrency", "64", "--objective", "latency", "--slo-tpot-p99", "12",
        "--db", path)
     return path
