@@ -164,6 +164,7 @@ def test_stored_text_is_escaped(tmp_path: Path) -> None:
 
 
 def test_empty_database_is_an_error_that_says_what_to_run(tmp_path: Path) -> None:
+    Store(str(tmp_path / "empty.db")).close()  # tables, nothing stored (a file that does not exist is "not found")
     result = CliRunner().invoke(report, ["--out", str(tmp_path / "out"), "--db", str(tmp_path / "empty.db")])
     assert result.exit_code == 2
     assert "peagle-tune search" in result.output
