@@ -129,19 +129,24 @@ def test_kill_process_group_ends_children_of_the_leader(tmp_path: Path, grace_s:
 # Starts an engine-like group (a command with a child of its own), prints the group id, then waits to be killed.
 PARENT = """
 import os, sys, time
+from pathlib import Path
 from autotune.engine import start_process_group
 engine = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \\
     "time.sleep(600)"
-proc = start_process_group([sys.executable, "-c", engine], None, dict(os.environ))
+proc = start_process_group([sys.executable, "-c", engine], None, dict(os.environ), remove=[Path(sys.argv[1])])
 print(proc.pid, flush=True)
 time.sleep(600)
 """
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
-def test_an_engine_group_ends_when_the_process_that_started_it_dies(signum: int) -> None:
-    # Issue 44.2: `kill -9` of `search` (or a closed terminal) left the worker, EngineCore and VLLM::Worker running.
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+def test_an_engine_group_ends_when_the_process_that_started_it_dies(tmp_path: Path, signum: int) -> None:
+    # Issue 44.2: `kill -9` of `search` (or a closed terminal) left the worker, EngineCore and VLLM::Worker running,
+    # and the launch's temporary run directory behind.
+    run_dir = tmp_path / "ptune-run-x"
+    (run_dir / "sub").mkdir(parents=True)
+    (run_dir / "sub" / "engine.log").write_text("log")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     pgid = int(parent.stdout.readline())
     deadline = time.monotonic() + 30
@@ -155,3 +160,15 @@ def test_an_engine_group_ends_when_the_process_that_started_it_dies(signum: int)
     while group_members(pgid):
         assert time.monotonic() < deadline, f"left running: {group_members(pgid)}"
         time.sleep(0.1)
+    assert not run_dir.exists()
+
+
+def test_only_a_temporary_run_directory_is_left_to_the_leash_to_remove(tmp_path: Path) -> None:
+    # A kept run directory (--log-dir) holds the logs a user asked for: never removed.
+    from autotune.engine._runs import run_directory, temporary
+
+    with run_directory(None, "ptune-run-") as run_dir:
+        assert temporary(run_dir) == (run_dir,)
+    assert temporary(run_dir) == ()
+    with run_directory(tmp_path / "logs", "ptune-run-") as kept:
+        assert temporary(kept) == ()

@@ -33,14 +33,15 @@ LEASH = Path(__file__).with_name("_leash.py")
 
 
 def start_process_group(
-    cmd: Sequence[str], log_path: Path | None, env: Mapping[str, str]
+    cmd: Sequence[str], log_path: Path | None, env: Mapping[str, str], *, remove: Sequence[Path] = ()
 ) -> subprocess.Popen[bytes]:
     """Start `cmd` in a new process group (its engine children join it), led by a leash that ends the group when
-    this process dies; the leash exits as `cmd` does, so the returned process's status is `cmd`'s.
+    this process dies, and then removes the directories `remove`; the leash exits as `cmd` does, so the returned
+    process's status is `cmd`'s.
 
     Output goes to `log_path` (appended, stderr included), or to this process's stdout/stderr when None.
     """
-    cmd = [sys.executable, "-I", str(LEASH), str(os.getpid()), "--", *cmd]
+    cmd = [sys.executable, "-I", str(LEASH), str(os.getpid()), *(str(p) for p in remove), "--", *cmd]
     if log_path is None:
         return subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
     with open(log_path, "ab") as log:

@@ -127,16 +127,24 @@ class LaunchResult:
         )
 
 
+#: The temporary run directories open now (`run_directory`): a launch's leash removes its own if we die.
+_TEMPORARY: set[Path] = set()
+
+
 @contextlib.contextmanager
 def run_directory(log_dir: str | Path | None, prefix: str) -> Iterator[Path]:
     """A directory for one launch's job, result and log: a fresh ``run-*`` directory kept under `log_dir`, or a
-    temporary one (named `prefix`...) removed afterwards."""
+    temporary one (named `prefix`...) removed afterwards (by the launch's leash if this process is killed)."""
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         yield Path(tempfile.mkdtemp(prefix="run-", dir=log_dir))
         return
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        yield Path(tmp)
+        _TEMPORARY.add(Path(tmp))
+        try:
+            yield Path(tmp)
+        finally:
+            _TEMPORARY.discard(Path(tmp))
 
 
 def _phase_reporter(log_path: Path, progress: Progress | None) -> Callable[[], None]:
@@ -177,7 +185,7 @@ def run_worker(
     started = time.perf_counter()
     deadline = time.monotonic() + options.timeout_s
     with watch_launch(LAUNCH_WHAT.get(module, "engine run"), log_path, options.timeout_s) as watched:
-        proc = start_process_group(cmd, log_path, options.process_env(extra_env))
+        proc = start_process_group(cmd, log_path, options.process_env(extra_env), remove=temporary(run_dir))
         try:
             outcome = poll_until(result_path.exists, proc, deadline, on_tick=tick)
             watched["ok"] = outcome == "done"
@@ -192,3 +200,8 @@ def run_worker(
     raw: dict[str, Any] = json.loads(result_path.read_text()) if has_result else {"ok": False}
     timed_out = outcome == "timeout" and not has_result
     return LaunchResult(raw, proc.pid, returncode, timed_out, log_path, started, options.timeout_s)
+
+
+def temporary(run_dir: Path) -> tuple[Path, ...]:
+    """`run_dir` when it is a temporary run directory (what a launch's leash removes if we die), else nothing."""
+    return (run_dir,) if run_dir in _TEMPORARY else ()

@@ -20,7 +20,7 @@ from autotune.engine._constants import HEALTH_POLL_S, LOOPBACK, SERVER_SHUTDOWN_
 from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions, serve_argv
 from autotune.engine._process import free_port, is_healthy, kill_process_group, poll_until, start_process_group
-from autotune.engine._runs import LaunchResult
+from autotune.engine._runs import LaunchResult, temporary
 
 #: Enables ``POST /reset_prefix_cache`` after the warm-up (the server binds loopback only).
 _SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -41,7 +41,8 @@ def run_serve(job: Mapping[str, Any], run_dir: Path, options: EngineOptions) -> 
     deadline = time.monotonic() + options.timeout_s
     mark("load")
     with watch_launch("serve measurement", log_path, options.timeout_s) as watched:
-        proc, raw, returncode, timed_out = _serve_and_measure(job, cmd, base, deadline, started, mark, options)
+        proc, raw, returncode, timed_out = _serve_and_measure(job, cmd, base, deadline, started, mark, options,
+                                                              temporary(run_dir))
         watched["ok"] = bool(raw.get("ok"))
     return LaunchResult(raw, proc.pid, returncode, timed_out, log_path, started, options.timeout_s)
 
@@ -54,11 +55,12 @@ def _serve_and_measure(
     started: float,
     mark: PhaseLog,
     options: EngineOptions,
+    remove: tuple[Path, ...] = (),
 ) -> tuple[Any, dict[str, Any], int | None, bool]:
     """Start the server, wait for health, measure; (process, raw report, own exit status, timed out)."""
     log_path = mark.log_path
     timings: dict[str, float] = {}
-    proc = start_process_group(cmd, log_path, options.process_env(_SERVER_ENV))
+    proc = start_process_group(cmd, log_path, options.process_env(_SERVER_ENV), remove=remove)
     failure: dict[str, Any] = {"ok": False, "phase": "load", "exc_type": None, "exc_types": [], "message": ""}
     returncode: int | None = None
     timed_out = False
