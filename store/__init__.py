@@ -20,7 +20,15 @@ from store._records import (
 from store._store import Store, upgrade
 from store._studies import Direction
 from store._translate import database_error
-from store._url import DB_ENV_VAR, default_db_url, mask_password, normalize_db_url
+from store._url import (
+    DB_ENV_VAR,
+    default_db_url,
+    is_sqlite_memory,
+    mask_password,
+    normalize_db_url,
+    parse_db_url,
+    sqlite_file,
+)
 from store._validate import NAME_CHARS as MAX_NAME_CHARS
 from store.exceptions import (
     BadRowError,
@@ -64,6 +72,9 @@ __all__ = [
     "default_db_url",
     "head_revision",
     "mask_password",
+    "is_sqlite_memory",
     "normalize_db_url",
+    "parse_db_url",
+    "sqlite_file",
     "upgrade",
 ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import MethodType, TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -35,7 +34,7 @@ from store._profiles import Profiles
 from store._recommendations import Recommendations
 from store._translate import read_only_message, translate
 from store._trials import Trials
-from store._url import default_db_url, mask_password, normalize_db_url, parse_db_url
+from store._url import default_db_url, mask_password, normalize_db_url, parse_db_url, sqlite_file
 from store._workloads import Workloads
 from store.exceptions import (
     BadRowWarning,
@@ -126,11 +125,11 @@ class Store:
     ) -> None:
         self._url = normalize_db_url(url if url is not None else default_db_url())
         self._parsed = parse_db_url(self._url)
-        database = self._parsed.database or ""
-        if self._parsed.get_backend_name() == "sqlite" and database and Path(database).is_dir():
+        file = sqlite_file(self._parsed)
+        if file is not None and file.path.is_dir():
             raise DatabaseUnavailableError(
-                f"{database} is a directory, not a database file: give a file, e.g. --db {Path(database) / 'peagle.db'}"
-                f" (or PEAGLE_DB)."
+                f"{file.path} is a directory, not a database file: give a file, e.g. --db {file.path / 'peagle.db'} "
+                "(or PEAGLE_DB)."
             )
         self._closed = False
         self._engine, self._access = open_engine(self._url, lock_timeout_s=lock_timeout_s)

@@ -221,17 +221,12 @@ def open_store(db_url: str | None, *, writes: bool = False, existing: bool = Fal
     row that cannot be read is skipped by listings and reported in one line on stderr (table, id and what is wrong);
     the other rows are shown.
     """
-    from store import Store, normalize_db_url
+    from store import Store, normalize_db_url, parse_db_url, sqlite_file
 
-    if existing and db_url is not None:
-        from sqlalchemy import make_url
-
-        parsed = make_url(normalize_db_url(db_url))
-        database = parsed.database or ""
-        if parsed.get_backend_name() == "sqlite" and database and "mode=memory" not in database \
-                and database != ":memory:" and not Path(database).exists():
-            raise NotFoundError(f"There is no database at {database}: check --db (or PEAGLE_DB); `peagle-tune "
-                                "search` creates one.")
+    file = sqlite_file(parse_db_url(normalize_db_url(db_url))) if existing and db_url is not None else None
+    if file is not None and not file.path.exists():
+        raise NotFoundError(f"There is no database at {file.path}: check --db (or PEAGLE_DB); `peagle-tune search` "
+                            "creates one.")
 
     return Store(db_url, persistent=True, for_writing=writes, on_bad_row=lambda line: click.echo(line, err=True))
 

@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import StudyStorageError
 from autotune.search.trials import trial_info
-from store import database_error, mask_password
+from store import database_error, is_sqlite_memory, mask_password
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,7 @@ def storage_error(exc: BaseException, url: str, option: str = "--storage") -> St
 
 def in_memory(url: str) -> bool:
     """Is `url` an in-memory SQLite database (gone with its last connection)?"""
-    parsed = make_url(url)
-    database = parsed.database or ""
-    return parsed.get_backend_name() == "sqlite" and (database in ("", ":memory:") or "mode=memory" in database)
+    return is_sqlite_memory(make_url(url))
 
 
 def _boot_id() -> str:
