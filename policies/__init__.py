@@ -9,9 +9,6 @@ imported only by the engine process. Errors: `policies.errors` (root `PolicyErro
 Layers, inner first: `_acceptance` (AL math) <- `_estimator` (live acceptance) and `_step_cost` (T(B, K)) <-
 `_batch` (request views, decisions), `_settings` <- `_controller` (per-step depth choice) <- `_request_policy`
 (classes, caps, policy files); `_depth_rules` (what the plugin verifies and drafts) stands alone.
-
-The names are imported on first use (PEP 562): reading a YAML file through `policies` does not load numpy and
-the controller.
 """
 
 from __future__ import annotations
@@ -71,6 +68,8 @@ if TYPE_CHECKING:
     )
     from policies.errors import PluginConfigError, PolicyError, PolicyFileError
 
+#: Where each public name lives: imported on first use (PEP 562), so importing one module of the package does not
+#: load them all.
 _HOMES = {
     "AcceptanceProfile": "policies._acceptance",
     "acceptance_length": "policies._acceptance",

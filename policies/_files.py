@@ -2,9 +2,7 @@
 
 Every reader here fails with a one-line message instead of a traceback, a MemoryError or a hang:
 
-- `read_bytes` / `read_text`: the bytes (or UTF-8 text) of a regular file of at most a given size, opened without
-  blocking: a FIFO, a device (``/dev/zero``), a directory or an oversized file is one line naming the file before
-  anything is read; unreadable or non-UTF-8 files name the file (and the line of the bad byte).
+- `read_bytes` / `read_text`: a regular file of bounded size, opened without blocking; else one line naming the file.
 - `load_yaml_text`: ``yaml.safe_load`` with bounds (an integer of more than 4,300 digits is a located error too).
   YAML aliases (``*name``) repeat an anchored value without
   copying it, so a 445-byte file of nine nested aliases stands for 9^9 = 387 million strings: loading is instant,

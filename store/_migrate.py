@@ -13,10 +13,6 @@ and autogenerate against it, then review the file and name it ``versions/NNNN_<w
         command.revision(alembic_config(connection=connection), message="...", autogenerate=True, rev_id="0002")
 
 `tests/test_store_schema.py` checks that the migrations produce exactly the models.
-
-Opening a database at head reads the revisions without Alembic (`head_revision`, `current_revision`): Alembic is
-imported only to create, upgrade, stamp or compare a schema, so a command that opens the store does not pay ~0.6 s
-for it.
 """
 
 from __future__ import annotations

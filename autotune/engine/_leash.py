@@ -1,17 +1,9 @@
 """Run a command so that it dies with the process that started it: ``python _leash.py PID [DIR ...] -- CMD ...``.
 
-An engine runs in a process group of its own, so that ending the group ends its engine core and workers with it.
-That also puts it out of reach of what ends its parent: a `kill -9` of `peagle-tune search`, a closed terminal or
-the OOM killer would leave the engine running, holding its memory (GPU memory on a GPU) until someone finds it. The
-leash leads the group: it runs the command as its child and, once every `POLL_S`, checks that the process `PID`
-that started it is still its parent. When it is not, it ends the whole group (SIGTERM, then SIGKILL after
-`GRACE_S`) and removes the directories named after the PID (a launch's temporary run directory, which its dead
-parent would have removed). It imports only the standard library and runs as a script
-(`autotune.engine._process` starts it with ``python -I``), so it costs a few MB and milliseconds per launch.
-
-Signals sent to the group (`autotune.engine._process.kill_process_group`) reach the command as before; the leash
-waits for it and exits as it did (a command killed by a signal leaves the leash killed by the same signal), so exit
-statuses mean what they meant without it.
+The leash leads an engine's process group and runs the command as its child. Every `POLL_S` it checks that `PID`
+is still its parent; when it is not (`kill -9`, a closed terminal), it ends the group (SIGTERM, SIGKILL after
+`GRACE_S`) and removes the DIRs (the launch's temporary run directory). Group signals reach the command as before,
+and the leash exits as the command did. Standard library only: it runs as a script under ``python -I``.
 """
 
 from __future__ import annotations

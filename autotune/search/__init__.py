@@ -15,9 +15,6 @@ Modules, from what is searched to how:
   caps when the backend predicts);
 - `session`: the search command as an application service (resolve the inputs, one search per concurrency, store
   the recommendations; no printing).
-
-The names below are imported on first use (PEP 562): a command that needs one module of this package (say the
-objective's `speedup_range` for a table) does not load Optuna, the store and every strategy with it.
 """
 
 from __future__ import annotations
@@ -49,6 +46,8 @@ if TYPE_CHECKING:
     from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
     from autotune.search.study import Search, default_study_prefix, study_name_for
 
+#: Where each public name lives: imported on first use (PEP 562), so importing one module of the package does not
+#: load them all.
 _HOMES = {
     "StudyStorageError": "autotune.errors",
     "calibration_scales": "autotune.search.calibration",

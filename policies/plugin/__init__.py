@@ -20,8 +20,6 @@ Example: install the plugin in plan mode and read what it measured::
     llm = vllm.LLM(model, speculative_config=..., **engine_kwargs())
     ...
     stats = PluginStats.load("stats.json")
-
-The names are imported on first use (PEP 562): a workload reading the label bounds does not build the controller.
 """
 
 from __future__ import annotations
@@ -63,6 +61,8 @@ if TYPE_CHECKING:
     from policies.plugin.metrics import METRIC_NAMES, PluginMetrics
     from policies.plugin.stats import PluginStats
 
+#: Where each public name lives: imported on first use (PEP 562), so importing one module of the package does not
+#: load them all.
 _HOMES = {
     "ControllerFault": "policies.errors",
     "PluginConfigError": "policies.errors",
