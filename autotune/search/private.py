@@ -76,8 +76,8 @@ def _finish(storage: optuna.storages.RDBStorage, trial_id: int, trial: FrozenTri
 
 def _insert(storage: optuna.storages.RDBStorage, study_id: int, trials: Sequence[FrozenTrial]) -> None:
     """Insert finished `trials` into Optuna's tables in one transaction, one statement per table, through Optuna's
-    own table definitions (what `RDBStorage` writes a statement at a time, about 19 ms a trial on SQLite: 97 trials in 1.8 s). A test
-    reads them back through Optuna's public API."""
+    own table definitions (`RDBStorage` writes a statement at a time: 97 trials took 1.8 s on SQLite). A test reads
+    them back through Optuna's public API."""
     from optuna.storages._rdb import models
     from sqlalchemy import insert
 
