@@ -5,6 +5,8 @@ in the worker process, and `zero_draft_metadata`, its short path for steps that 
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import traceback
 from typing import Any
@@ -12,12 +14,15 @@ from typing import Any
 from policies._off_steps import REPLAY_MODES
 from policies.plugin._drafter_protocol import (
     DRAFTING_ATTR,
+    FAULT_EXIT_CODE,
     SKIP_ATTR,
     DrafterSync,
     DrafterWidthFault,
     DrafterWidthSettings,
     WorkerStatus,
     drafting_slots,
+    fault_action,
+    fault_message,
     logger,
 )
 
@@ -34,6 +39,10 @@ class _Patch:
         self.status = status
         self.k_max = status.k_max
         self.parallel = status.parallel
+        # Ranks that draft in lockstep (the drafter's forward all-reduces across them): a fault may not fall back
+        # on one of them alone (`fault_action`).
+        self.tensor_parallel_size = int(getattr(getattr(runner, "parallel_config", None),
+                                                "tensor_parallel_size", 1) or 1)
         self.disabled = False
         self.sync = DrafterSync()
         self.catch_up = status.off_steps in REPLAY_MODES
@@ -68,7 +77,14 @@ class _Patch:
 
     # ------------------------------------------------------------------------------------------ failure
     def _fail(self, where: str, exc: BaseException) -> None:
+        """Handle an exception in a patched path: fall back to vLLM's own code in this worker (one rank), or end
+        the worker so the engine fails at once (tensor parallel; see `fault_action` for why)."""
         self.counters["faults"] += 1
+        if fault_action(self.tensor_parallel_size) == "fail_engine":
+            logger.critical("%s\n%s", fault_message(where, exc, self.tensor_parallel_size, self.status.rank),
+                            traceback.format_exc())
+            _end_worker(FAULT_EXIT_CODE)
+            return
         if not self.disabled:
             self.disabled = True
             self.skip = False
@@ -348,6 +364,14 @@ class _Patch:
         self.counters["deferred_prompts"] += 1
         self.counters["deferred_prompt_tokens"] += query_len - 1
         return True
+
+
+def _end_worker(code: int) -> None:
+    """End this worker process now, logs flushed: vLLM's executor notices the death and fails the engine. Not
+    ``sys.exit``: a ``SystemExit`` unwinds through vLLM's worker loop and Ray's actor code, which read it as a
+    shutdown request; ``os._exit`` ends the process whatever runs it."""
+    logging.shutdown()
+    os._exit(code)
 
 
 def zero_draft_metadata(runner: Any, num_draft_tokens: Any, cu_num_scheduled_tokens: Any) -> Any:

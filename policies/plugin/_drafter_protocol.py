@@ -17,6 +17,7 @@ __all__ = [
     "COUNTERS_METHOD",
     "DRAFTER_WIDTH_STATES",
     "DRAFTING_ATTR",
+    "FAULT_EXIT_CODE",
     "HANDSHAKE_METHOD",
     "PROTOCOL_VERSION",
     "SKIP_ATTR",
@@ -26,6 +27,8 @@ __all__ = [
     "DrafterWidthSettings",
     "WorkerStatus",
     "drafting_slots",
+    "fault_action",
+    "fault_message",
     "logger",
 ]
 
@@ -142,6 +145,42 @@ class WorkerStatus:
     def from_dict(cls, data: Mapping[str, Any]) -> WorkerStatus:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+FAULT_EXIT_CODE = 70
+"""Exit status of a worker that ends itself after a drafter-width fault under tensor parallelism (EX_SOFTWARE)."""
+
+
+def fault_action(tensor_parallel_size: int) -> str:
+    """What a worker does when its drafter-width patch raises: ``"fall_back"`` or ``"fail_engine"``.
+
+    The width a rank drafts is a function of the `SchedulerOutput` alone (``num_spec_tokens_to_schedule``,
+    `SKIP_ATTR`, `DRAFTING_ATTR`), which every rank receives identically, as long as no rank has fallen back. A
+    fault is local: one rank's exception is not seen by the others, which are already inside this step's drafter
+    forward at the planned width, whose tensor-parallel all-reduces then wait for the faulted rank forever (NCCL has
+    no timeout there). A rank alone cannot make the others switch in the same step without a collective of its own,
+    and the fault may have struck mid-forward, so with ``tensor_parallel_size > 1`` the engine fails instead.
+    Raising is not enough: vLLM's multiprocess worker only reports an exception from the output rank (TP rank 0 of
+    the last pipeline stage) and logs it on any other rank (`v1/executor/multiproc_executor.py` 1048-1067), so the
+    engine core would wait ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s) for the stuck output rank. The faulted
+    worker therefore ends its process (`FAULT_EXIT_CODE`), and the executor's monitor fails the engine at once
+    (``monitor_workers``, same file 306-325). With one rank the fault falls back to vLLM's own widths.
+
+    Example: ``fault_action(1) == "fall_back"``; ``fault_action(2) == "fail_engine"``.
+    """
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size >= 1 must hold, but got {tensor_parallel_size=}.")
+    return "fall_back" if tensor_parallel_size == 1 else "fail_engine"
+
+
+def fault_message(where: str, exc: BaseException, tensor_parallel_size: int, rank: int) -> str:
+    """The one line a worker logs before it ends the engine after a fault (`fault_action`)."""
+    return (
+        f"peagle drafter width: error in {where} on rank {rank} ({type(exc).__name__}: {exc}); with "
+        f"tensor_parallel_size={tensor_parallel_size} the ranks cannot fall back together, so this worker exits "
+        f"(status {FAULT_EXIT_CODE}) and the engine fails instead of hanging. Serve with drafter_width.enabled: "
+        "false in the plugin config (depth is then applied by trimming) and report the error."
+    )
 
 
 def drafting_slots(k: int, k_max: int, parallel: bool) -> int:

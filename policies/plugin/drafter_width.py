@@ -49,9 +49,11 @@ request repeating that prompt and output exactly (a next chat turn) reuses them.
 
 Failure: any exception inside the patched paths (or the ``fault`` test hook) is logged once, the patch turns itself
 off in that worker and the step is re-run through vLLM's own code at depth K (0 < k < K would break vLLM) or k (0 or
-K); the scheduler sees K drafts instead of k and goes back to trimming. No request fails. With tensor parallelism a
-fault must hit every rank alike (a deterministic bug does); a fault on one rank only would desynchronise the ranks'
-drafter shapes.
+K); the scheduler sees K drafts instead of k and goes back to trimming. No request fails. That holds with one rank
+only. Under tensor parallelism the ranks draft in lockstep (the drafter's forward all-reduces), and a fault is seen
+by its own rank alone: falling back there would leave it drafting K (or running a skipped drafter) while the others
+draft k, and NCCL would wait forever. So with ``tensor_parallel_size > 1`` a fault logs one line saying so and ends
+the worker, and vLLM's executor fails the engine (`fault_action` says why this rather than a joint fallback).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from policies.plugin._drafter_protocol import (
     DrafterWidthSettings,
     WorkerStatus,
     drafting_slots,
+    fault_action,
     logger,
 )
 
@@ -89,6 +92,7 @@ __all__ = [
     "DrafterWidthSettings",
     "WorkerStatus",
     "drafting_slots",
+    "fault_action",
     "install",
     "zero_draft_metadata",
 ]
