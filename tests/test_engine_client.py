@@ -26,18 +26,30 @@ class FakeServer:
         self.max_in_flight = 0
         self.drafts = 0
         self.completions = 0
+        self.bodies: list[tuple[str, dict[str, Any]]] = []
 
     async def completions_handler(self, request: Any) -> Any:
+        return await self._stream(request, chat=False)
+
+    async def chat_handler(self, request: Any) -> Any:
+        return await self._stream(request, chat=True)
+
+    async def _stream(self, request: Any, chat: bool) -> Any:
         body = await request.json()
+        self.bodies.append((request.path, body))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         n = int(body["max_tokens"])
+        if chat:  # vLLM announces the role before the first token (a chunk that carries no text)
+            role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            await resp.write(f"data: {json.dumps(role)}\n\n".encode())
         for _ in range(n // TOKENS_PER_CHUNK):
             await asyncio.sleep(0.005)
             self.drafts += 1
-            chunk = {"choices": [{"index": 0, "text": "ab"}]}
+            choice = {"index": 0, "delta": {"content": "ab"}} if chat else {"index": 0, "text": "ab"}
+            chunk = {"choices": [choice]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
@@ -66,6 +78,7 @@ def _run_client(job: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], Fa
     async def main() -> dict[str, Any]:
         app = web.Application()
         app.router.add_post("/v1/completions", server.completions_handler)
+        app.router.add_post("/v1/chat/completions", server.chat_handler)
         app.router.add_get("/metrics", server.metrics_handler)
         app.router.add_post("/reset_prefix_cache", server.reset_handler)
         runner = web.AppRunner(app)
@@ -116,3 +129,21 @@ def test_client_never_exceeds_the_scenario_concurrency(tmp_path: Path, request_r
     _, server = _run_client(_job(concurrency=2, request_rate=request_rate), tmp_path)
     assert server.completions == 7
     assert server.max_in_flight == 2  # 6 requests of class a, at most 2 at once, and the bound is reached
+
+
+def test_client_sends_chat_requests_to_the_chat_endpoint_and_text_to_completions(tmp_path: Path) -> None:
+    chat = WorkloadRequest(messages=({"role": "user", "content": "hi"},), max_tokens=6, temperature=0.5)
+    job = {
+        "model": "m", "concurrency": 1, "ignore_eos": True,
+        "classes": {"chat": [chat.to_dict()], "raw": [WorkloadRequest(prompt="p", max_tokens=4).to_dict()]},
+    }
+    per_class, server = _run_client(job, tmp_path)
+    by_path = dict(server.bodies)
+    assert set(by_path) == {"/v1/chat/completions", "/v1/completions"}
+    sent = by_path["/v1/chat/completions"]
+    assert sent["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in sent
+    assert (sent["max_tokens"], sent["temperature"], sent["ignore_eos"], sent["stream"]) == (6, 0.5, True, True)
+    assert by_path["/v1/completions"]["prompt"] == "p" and "messages" not in by_path["/v1/completions"]
+    # Same counters for both: 6 tokens in 3 chunks; the role-only chunk is no token, so 2 gaps, not 3.
+    assert per_class["chat"]["output_tokens"] == 6 and len(per_class["chat"]["itl_ms"]) == 2
+    assert per_class["chat"]["spec"]["num_drafts"] == 3 and per_class["raw"]["spec"]["num_drafts"] == 2

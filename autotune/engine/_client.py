@@ -1,4 +1,10 @@
-"""The streaming client of serve-mode measurements: ``/v1/completions`` (streaming) and ``/metrics``.
+"""The streaming client of serve-mode measurements: ``/v1/chat/completions`` or ``/v1/completions`` (streaming) and
+``/metrics``.
+
+Prompts go as they are served (`WorkloadRequest.is_chat`, the property offline measurement decides by too): chat
+requests post their messages to ``/v1/chat/completions``, so the model's chat template (harmony for gpt-oss)
+applies on the server; raw-text requests post their prompt to ``/v1/completions``. Both stream with the same
+``max_tokens``, ``temperature`` and ``ignore_eos``.
 
 Measured per request, on the client's clock (so it includes HTTP and detokenisation, unlike offline mode):
 - TTFT (ms): request sent -> first streamed chunk;
@@ -33,10 +39,10 @@ _SCRAPE_MAX_READS = 10
 
 
 class ServeRequestError(Exception):
-    """The server answered a request with an HTTP error (the message carries status and body)."""
+    """The server answered a request with an HTTP error (the message carries endpoint, status and body)."""
 
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status} from /v1/completions: {body[:300]}")
+    def __init__(self, status: int, body: str, endpoint: str = "/v1/completions") -> None:
+        super().__init__(f"HTTP {status} from {endpoint}: {body[:300]}")
         self.status = status
 
 
@@ -53,25 +59,48 @@ class PhaseLog:
             f.write(f"[peagle-serve] phase={phase}\n")
 
 
-async def _one_request(
-    session: Any, base: str, model: str, request: WorkloadRequest, max_tokens: int, ignore_eos: bool
-) -> dict[str, Any]:
-    payload = {
+def request_payload(
+    model: str, request: WorkloadRequest, max_tokens: int, ignore_eos: bool
+) -> tuple[str, dict[str, Any]]:
+    """(endpoint, JSON body) of one streamed request: chat messages to ``/v1/chat/completions``, raw text to
+    ``/v1/completions`` (`WorkloadRequest.is_chat`), the sampling fields the same for both."""
+    payload: dict[str, Any] = {
         "model": model,
-        "prompt": request.text(),
         "max_tokens": max_tokens,
         "temperature": request.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": ignore_eos,
     }
+    if request.is_chat:
+        return "/v1/chat/completions", {**payload, "messages": list(request.messages or ())}
+    return "/v1/completions", {**payload, "prompt": request.text()}
+
+
+def _chunk_text(choice: Mapping[str, Any]) -> str | None:
+    """The text a streamed choice carries (completions: ``text``; chat: the delta's ``content`` or reasoning), or
+    None for a chat chunk that carries none (the role announcement vLLM streams before the first token)."""
+    if "delta" not in choice:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    parts = [delta.get(k) for k in ("content", "reasoning_content", "reasoning")]
+    text = "".join(p for p in parts if isinstance(p, str))
+    if text or delta.get("tool_calls") or choice.get("finish_reason"):
+        return text
+    return None
+
+
+async def _one_request(
+    session: Any, base: str, model: str, request: WorkloadRequest, max_tokens: int, ignore_eos: bool
+) -> dict[str, Any]:
+    endpoint, payload = request_payload(model, request, max_tokens, ignore_eos)
     chunk_times: list[float] = []
     text_parts: list[str] = []
     completion_tokens: int | None = None
     sent = time.perf_counter()
-    async with session.post(f"{base}/v1/completions", json=payload) as resp:
+    async with session.post(f"{base}{endpoint}", json=payload) as resp:
         if resp.status != 200:
-            raise ServeRequestError(resp.status, await resp.text())
+            raise ServeRequestError(resp.status, await resp.text(), endpoint)
         async for raw in resp.content:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -83,9 +112,10 @@ async def _one_request(
             if chunk.get("usage"):
                 completion_tokens = int(chunk["usage"].get("completion_tokens", 0))
             choices = chunk.get("choices") or []
-            if choices:
+            text = _chunk_text(choices[0]) if choices else None
+            if text is not None:
                 chunk_times.append(time.perf_counter())
-                text_parts.append(choices[0].get("text") or "")
+                text_parts.append(text)
     n = completion_tokens if completion_tokens is not None else len(chunk_times)
     first = chunk_times[0] if chunk_times else None
     return {

@@ -61,12 +61,28 @@ class EngineSession:
     tokenizer: Any
     timings: dict[str, float] = field(default_factory=dict)
 
-    def prompt(self, request: WorkloadRequest) -> str:
-        """Plain prompts as they are; chat messages through the tokenizer's chat template when it has one."""
-        if request.prompt is not None or not getattr(self.tokenizer, "chat_template", None):
+    def prompt(self, request: WorkloadRequest) -> str | dict[str, list[int]]:
+        """What ``LLM.generate`` / ``LLMEngine.add_request`` get for `request`, decided by
+        `WorkloadRequest.is_chat` as serve mode decides its endpoint (`autotune.engine._client`).
+
+        Raw text as it is (vLLM tokenizes it with special tokens, as ``/v1/completions`` does). Chat messages as
+        ``/v1/chat/completions`` renders them: the model's chat template with the generation prompt, the text then
+        tokenized without adding special tokens (the template writes them; ``add_special_tokens`` defaults to False in
+        ``vllm/entrypoints/openai/chat_completion/protocol.py`` 337-346), passed as token ids. vLLM renders gpt-oss
+        chats with openai-harmony instead (``vllm/renderers/online_renderer.py`` 185); its ``chat_template.jinja``
+        writes the same harmony format. Raises ValueError when the model has no chat template (the server refuses
+        such a chat too).
+        """
+        if not request.is_chat:
             return request.text()
-        messages = list(request.messages or ())
-        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "the workload has chat requests (\"messages\") but the model's tokenizer has no chat template; "
+                "give the requests as \"prompt\" text, or use a model with a chat template"
+            )
+        text = self.tokenizer.apply_chat_template(list(request.messages or ()), tokenize=False,
+                                                  add_generation_prompt=True)
+        return {"prompt_token_ids": [int(i) for i in self.tokenizer.encode(str(text), add_special_tokens=False)]}
 
 
 def request_from_dict(data: Mapping[str, Any]) -> WorkloadRequest:

@@ -18,8 +18,15 @@ class WorkloadRequest:
     max_tokens: int = 128
     temperature: float = 0.0
 
+    @property
+    def is_chat(self) -> bool:
+        """Whether the request is served as a chat: its messages go through the model's chat template (offline:
+        `autotune.engine.EngineSession.prompt`; serve mode: ``/v1/chat/completions``), while a plain prompt is sent
+        as raw text (``LLM.generate``; ``/v1/completions``). Both measurement modes decide by this property."""
+        return self.prompt is None and self.messages is not None
+
     def text(self) -> str:
-        """The prompt as plain text (chat messages joined role: content) for engines without a chat template."""
+        """The prompt as plain text (chat messages joined "role: content"), what length estimates count."""
         if self.prompt is not None:
             return self.prompt
         assert self.messages is not None
