@@ -71,6 +71,8 @@ class _Tables:
     drafter_per_request_ms: float  # c4
     per_pass_ms: float  # c5 (sequential)
     per_pass_request_ms: float  # c6 (sequential)
+    piecewise_ms: float = 0.0  # c7: a step that is not the uniform FULL-graph step (0 without FULL graphs)
+    full_tokens: int = 0  # tokens per request of the uniform FULL-graph step (1 + the launch's K)
 
 
 class DepthController:
@@ -350,6 +352,9 @@ class DepthController:
             drafter_ms=c["drafter_fixed"], drafter_per_request_ms=c["drafter_per_request"],
             per_pass_ms=c.get("drafter_per_pass", 0.0), per_pass_request_ms=c.get("drafter_per_pass_req", 0.0),
         )
+        full = self.cost_model.full_graph_depth
+        if full is not None:
+            tables.piecewise_ms, tables.full_tokens = c.get("piecewise", 0.0), full + 1
         classes = set(self.estimator.classes())
         if self._tables is not None:
             classes |= set(self._tables.al)
@@ -419,6 +424,8 @@ class DepthController:
     def _step_ms(self, t: _Tables, size: int, verified: float, drafting: bool, depth: int) -> float:
         """Predicted step ms for ``size`` requests verifying ``verified`` tokens; ``depth``: deepest request."""
         ms = t.base_ms + t.per_request_ms * size + t.per_token_ms * verified
+        if t.piecewise_ms and verified != size * t.full_tokens:
+            ms += t.piecewise_ms
         if drafting or self.settings.drafter_always_runs:
             passes = self.max_k if self.settings.drafter_always_runs else depth
             ms += t.drafter_ms + t.drafter_per_request_ms * size
@@ -501,7 +508,8 @@ class DepthController:
                 r[i] += r[i - 1]
         always = self.settings.drafter_always_runs
         sequential_cost = self.cost_model.sequential and not always
-        fixed = t.base_ms + t.per_request_ms * size
+        # Every plan of the sweep is priced PIECEWISE; the one uniform FULL-graph plan is compared after it.
+        fixed = t.base_ms + t.per_request_ms * size + t.piecewise_ms
         drafter = t.drafter_ms + t.drafter_per_request_ms * size
         per_pass = t.per_pass_ms + t.per_pass_request_ms * size
         per_token = t.per_token_ms
@@ -534,6 +542,11 @@ class DepthController:
             r = reach.get(cls)
             if r is not None and i < best_limit and r[i] > 0 and i + 1 > plan[cls]:
                 plan[cls] = i + 1
+        if t.piecewise_ms and t.full_tokens == max_k + 1:
+            full = dict.fromkeys(reach, max_k)
+            n, ms, _ = self._evaluate(t, counts, size, full)
+            if n / ms > best_g * (1 + 1e-12):
+                return full
         return plan
 
     def _pick_explorers(

@@ -12,6 +12,7 @@ feature                    value                       what the coefficient is
 ``drafter_per_request``    [drafter ran] * B           per-request cost of the drafter pass, ms
 ``drafter_per_pass``       D (sequential only)         fixed cost of each further sequential drafter pass, ms
 ``drafter_per_pass_req``   D * B (sequential only)     per-request cost of each sequential drafter pass, ms
+``piecewise``              [step ran PIECEWISE]        extra cost of a step that could not replay FULL CUDA graphs
 =========================  ==========================  ==========================================================
 
 For a uniform depth K, ``V = B * (K + 1)`` and the drafter ran iff ``K > 0``, which is the form
@@ -20,6 +21,12 @@ cost does not scale with K; sequential drafting (EAGLE-3 without parallel drafti
 (``D`` = drafting depth). Writing the target cost in V (total verified tokens) lets the same model price per-request
 depths. When depth is applied by trimming drafts in the scheduler, the drafter still runs at its configured K even
 for a depth-0 step: pass ``drafter_ran=True`` then.
+
+On a GPU with FULL CUDA graphs only a uniform decode step at the launch's K (``full_graph_depth``) replays them;
+every other step runs PIECEWISE and pays ``piecewise`` (`policies._graphs`). A step's flag is derived from
+``full_graph_depth`` (``V != B * (full_graph_depth + 1)``) unless a sample or a prediction gives it. Without
+``full_graph_depth`` (the CPU build, no graphs) the feature is 0 everywhere and its coefficient 0. A fit whose samples
+never ran PIECEWISE cannot see the penalty; `fit` then takes the sourced prior (`policies._graphs`).
 
 Fitting minimises the n-weighted squared *relative* error with non-negative coefficients (scipy.optimize.nnls), so
 small-batch steps of a few ms count as much as large ones. `update` refines the fit online by exponentially forgotten
@@ -37,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from policies._acceptance import AcceptanceProfile
+from policies._graphs import piecewise_penalty_ms
 from policies._small_linalg import Matrix, nonnegative_minimiser, residual_sum_of_squares
 
 __all__ = ["FEATURES", "PARALLEL_FEATURES", "SEQUENTIAL_FEATURES", "StepCostModel", "StepSample", "tokens_per_second"]
@@ -51,6 +59,8 @@ PARALLEL_FEATURES: tuple[str, ...] = (
 """Features of the P-EAGLE (parallel drafting) model: the drafter is one pass whatever K."""
 SEQUENTIAL_FEATURES: tuple[str, ...] = PARALLEL_FEATURES + ("drafter_per_pass", "drafter_per_pass_req")
 """Features of the sequential-drafting model: each draft position costs one more drafter pass."""
+PARALLEL_FEATURES += ("piecewise",)
+SEQUENTIAL_FEATURES += ("piecewise",)
 FEATURES = SEQUENTIAL_FEATURES
 """Every feature name the model knows, in column order."""
 
@@ -72,6 +82,8 @@ class StepSample:
     depths, the drafting depth D (the deepest request). ``step_ms``: measured wall time of the step, ms.
     ``verified_tokens``: sum over requests of (K_r + 1); None means ``B * (depth + 1)`` (uniform depth).
     ``drafter_ran``: whether a drafter pass ran in the step; None means ``depth > 0``.
+    ``piecewise``: the step ran PIECEWISE where FULL CUDA graphs exist; None: derived from the model's
+    ``full_graph_depth``.
     """
 
     batch_size: int
@@ -80,6 +92,7 @@ class StepSample:
     n: int = 1
     verified_tokens: int | None = None
     drafter_ran: bool | None = None
+    piecewise: bool | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -120,8 +133,13 @@ class StepCostModel:
         *,
         sequential: bool = False,
         forgetting: float = 0.99,
+        full_graph_depth: int | None = None,
     ) -> None:
         self.sequential = bool(sequential)
+        if full_graph_depth is not None and full_graph_depth < 0:
+            raise ValueError(f"full_graph_depth is a depth >= 0 (or None: no FULL graphs), but got {full_graph_depth}.")
+        self.full_graph_depth = full_graph_depth
+        """The depth whose uniform decode steps replay FULL CUDA graphs (the launch's K on a GPU); None: none do."""
         names = self.feature_names
         unknown = sorted(set(coefficients) - set(names))
         if unknown:
@@ -159,40 +177,56 @@ class StepCostModel:
         return dict(zip(self.feature_names, self._solved(), strict=True))
 
     def features(
-        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int
+        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int,
+        piecewise: bool | None = None,
     ) -> np.ndarray:
         """The feature row for a step (see the module docstring for each column)."""
-        return np.asarray(self._row(batch_size, verified_tokens, drafter_ran, draft_depth), dtype=float)
+        return np.asarray(self._row(batch_size, verified_tokens, drafter_ran, draft_depth, piecewise), dtype=float)
 
-    def _row(self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int) -> list[float]:
+    def runs_piecewise(self, batch_size: int, verified_tokens: int) -> bool:
+        """Whether a decode step of B requests verifying V tokens runs PIECEWISE in this model's launch: not the
+        uniform ``V == B * (full_graph_depth + 1)`` step, where FULL graphs exist."""
+        full = self.full_graph_depth
+        return full is not None and verified_tokens != batch_size * (full + 1)
+
+    def _row(self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int,
+             piecewise: bool | None = None) -> list[float]:
         d = 1.0 if drafter_ran else 0.0
         row = [1.0, float(batch_size), float(verified_tokens), d, d * batch_size]
         if self.sequential:
             depth = draft_depth if drafter_ran else 0
             row += [float(depth), float(depth * batch_size)]
+        if piecewise is None:
+            piecewise = self.runs_piecewise(batch_size, verified_tokens)
+        row.append(1.0 if piecewise else 0.0)
         return row
 
-    def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None) -> float:
+    def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None,
+                piecewise: bool | None = None) -> float:
         """Predicted step time in ms for B requests all verifying K = ``depth`` drafts.
 
         ``drafter_ran`` defaults to ``depth > 0``; pass True when depth 0 is reached by trimming drafts (the drafter
-        still ran).
+        still ran). ``piecewise`` (None: `runs_piecewise`): pass False for a fresh launch at static K = ``depth``,
+        whose uniform steps replay FULL graphs.
         """
         ran = depth > 0 if drafter_ran is None else drafter_ran
-        return self.predict_tokens(batch_size, batch_size * (depth + 1), ran, depth)
+        return self.predict_tokens(batch_size, batch_size * (depth + 1), ran, depth, piecewise)
 
     def predict_tokens(
-        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int = 0
+        self, batch_size: int, verified_tokens: int, drafter_ran: bool, draft_depth: int = 0,
+        piecewise: bool | None = None,
     ) -> float:
         """Predicted step time in ms for B requests verifying V tokens in total (per-request depths)."""
-        row = self._row(batch_size, verified_tokens, drafter_ran, draft_depth)
+        row = self._row(batch_size, verified_tokens, drafter_ran, draft_depth, piecewise)
         return float(sum(x * t for x, t in zip(row, self._solved(), strict=True)))
 
     def goodput(
-        self, batch_size: int, depth: int, acceptance_length: float, drafter_ran: bool | None = None
+        self, batch_size: int, depth: int, acceptance_length: float, drafter_ran: bool | None = None,
+        piecewise: bool | None = None,
     ) -> float:
         """Predicted tokens/s: ``B * AL / T(B, K) * 1000`` (AL in tokens per request per step)."""
-        return tokens_per_second(batch_size, acceptance_length, self.predict(batch_size, depth, drafter_ran))
+        return tokens_per_second(batch_size, acceptance_length,
+                                 self.predict(batch_size, depth, drafter_ran, piecewise))
 
     def best_depth(
         self,
@@ -219,16 +253,19 @@ class StepCostModel:
     # ---- fitting ---------------------------------------------------------------------------------------
     @classmethod
     def fit(
-        cls, samples: Sequence[StepSample], *, sequential: bool = False, forgetting: float = 0.99
+        cls, samples: Sequence[StepSample], *, sequential: bool = False, forgetting: float = 0.99,
+        full_graph_depth: int | None = None,
     ) -> StepCostModel:
         """Least-squares fit (non-negative coefficients) of measured step times.
 
         Minimises ``sum_j n_j * ((T_pred_j - step_ms_j) / step_ms_j)^2``. The coefficients are identifiable only if
         the samples include plain-decode steps (K=0, no drafter), at least two different depths > 0 and at least
         two batch sizes; otherwise the fit still predicts the sampled region but individual coefficients mean little.
+        ``full_graph_depth``: see the class; when no sample ran PIECEWISE, ``piecewise`` is the sourced prior
+        (`policies._graphs.piecewise_penalty_ms` of the predicted single-stream step at that depth).
         """
         samples = tuple(samples)
-        model = cls({}, sequential=sequential, forgetting=forgetting)
+        model = cls({}, sequential=sequential, forgetting=forgetting, full_graph_depth=full_graph_depth)
         if len(samples) < 2:
             raise ValueError(
                 f"Fitting a step-cost model needs at least 2 samples (ideally a grid of batch sizes x depths "
@@ -240,9 +277,26 @@ class StepCostModel:
         scale = np.sqrt(w) / y
         theta, _ = optimize.nnls(x * scale[:, None], y * scale)
         model._theta = [float(v) for v in theta]
+        if full_graph_depth is not None and not x[:, -1].any():
+            model._theta[-1] = piecewise_penalty_ms(model.predict(1, full_graph_depth, piecewise=False))
         model._fit_samples = samples
         model._fit_stats = model._error_stats(samples)
         return model
+
+    def with_graphs(self, full_graph_depth: int | None) -> StepCostModel:
+        """A copy of this model for a launch whose uniform steps at ``full_graph_depth`` replay FULL graphs (None:
+        no graphs). A model that never saw a PIECEWISE step (a CPU profile, a roofline fit of static launches) takes
+        the sourced prior for the penalty; one that did keeps its own coefficient."""
+        state = self.to_dict()
+        state["full_graph_depth"] = full_graph_depth
+        coefficients = dict(state["coefficients"])
+        if full_graph_depth is None:
+            coefficients["piecewise"] = 0.0
+        elif not coefficients.get("piecewise"):
+            flat = StepCostModel({**coefficients, "piecewise": 0.0}, sequential=self.sequential)
+            coefficients["piecewise"] = piecewise_penalty_ms(flat.predict(1, full_graph_depth, piecewise=False))
+        state["coefficients"] = coefficients
+        return StepCostModel.from_dict(state)
 
     def fit_error(self) -> dict[str, float]:
         """Error of the predictions on the samples the model was fit on (measured vs predicted).
@@ -265,7 +319,7 @@ class StepCostModel:
         return self._error_stats(samples)
 
     def _design(self, samples: Sequence[StepSample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x = np.stack([self.features(s.batch_size, s.tokens, s.drafted, s.depth) for s in samples])
+        x = np.stack([self.features(s.batch_size, s.tokens, s.drafted, s.depth, s.piecewise) for s in samples])
         y = np.asarray([s.step_ms for s in samples], dtype=float)
         w = np.asarray([s.n for s in samples], dtype=float)
         return x, y, w
@@ -309,7 +363,8 @@ class StepCostModel:
         """
         y = math.sqrt(sample.n)
         scale = y / sample.step_ms
-        x = [v * scale for v in self._row(sample.batch_size, sample.tokens, sample.drafted, sample.depth)]
+        x = [v * scale for v in self._row(sample.batch_size, sample.tokens, sample.drafted, sample.depth,
+                                          sample.piecewise)]
         if self._prior is None or self._info is None or self._rhs is None:
             self._prior = self._prior_system()
             dim = len(self.feature_names)
@@ -364,14 +419,19 @@ class StepCostModel:
         median = stats.get("median_rel_error")
         error = _PRIOR_ERROR if median is None else max(_MAD_TO_SIGMA * float(median), _NOISE_FLOOR)
         if self._fit_samples:
-            shapes = [(s.batch_size, s.tokens, s.drafted, s.depth) for s in self._fit_samples]
+            shapes = [(s.batch_size, s.tokens, s.drafted, s.depth, s.piecewise) for s in self._fit_samples]
         else:
             shapes = []
             for b in (1, 8, 64):
-                shapes += [(b, b, False, 0), (b, b, True, 4), (b, 2 * b, True, 1), (b, 5 * b, True, 4)]
+                shapes += [(b, b, False, 0, None), (b, b, True, 4, None), (b, 2 * b, True, 1, None),
+                           (b, 5 * b, True, 4, None)]
+            if self.full_graph_depth is not None:  # the uniform step at the FULL depth, and a PIECEWISE one
+                k = self.full_graph_depth
+                shapes += [(b, b * (k + 1), k > 0, k, False) for b in (1, 8, 64)]
+                shapes += [(b, b * (k + 1), k > 0, k, True) for b in (1, 8, 64)]
         rows = []
-        for b, v, ran, depth in shapes:
-            x = self.features(b, v, ran, depth)
+        for b, v, ran, depth, piecewise in shapes:
+            x = self.features(b, v, ran, depth, piecewise)
             pred = float(x @ np.asarray(self._theta))
             if pred > 0:
                 rows.append(x / pred)
@@ -388,6 +448,7 @@ class StepCostModel:
             "version": _STATE_VERSION,
             "sequential": self.sequential,
             "forgetting": self.forgetting,
+            "full_graph_depth": self.full_graph_depth,
             "coefficients": self.coefficients,
             "fit_error": self._fit_stats,
         }
@@ -395,7 +456,7 @@ class StepCostModel:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepCostModel:
         """Inverse of `to_dict` (the fit samples are not stored; `fit_error` is)."""
-        known = {"version", "sequential", "forgetting", "coefficients", "fit_error"}
+        known = {"version", "sequential", "forgetting", "full_graph_depth", "coefficients", "fit_error"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"Unknown step-cost model keys {unknown}; known: {sorted(known)}.")
@@ -408,6 +469,7 @@ class StepCostModel:
             data["coefficients"],
             sequential=bool(data.get("sequential", False)),
             forgetting=float(data.get("forgetting", 0.99)),
+            full_graph_depth=_optional_depth(data.get("full_graph_depth")),
         )
         stats = data.get("fit_error")
         model._fit_stats = None if stats is None else {str(k): float(v) for k, v in stats.items()}
@@ -416,6 +478,14 @@ class StepCostModel:
     def __repr__(self) -> str:
         coefs = ", ".join(f"{n}={v:.4g}" for n, v in self.coefficients.items())
         return f"StepCostModel({coefs}, sequential={self.sequential})"
+
+
+def _optional_depth(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"Step-cost model state: full_graph_depth must be a depth >= 0 or null, but got {value!r}.")
+    return value
 
 
 def tokens_per_second(batch_size: int, acceptance_length: float, step_ms: float) -> float:
