@@ -1,20 +1,33 @@
 """Does a model fit: weights plus KV cache against device memory (GPU) or RAM (vLLM's CPU build). Pure.
 
-GPU (`check_gpu_fit`): vLLM takes ``gpu_memory_utilization x device memory`` on each GPU and fills what weights,
-activations and its own buffers leave with KV cache. We ask whether the weights (target plus drafter, split over
-the tensor-parallel GPUs) and the KV cache of ``max_num_seqs`` sequences of ``max_model_len`` tokens fit in that,
-with `gpu_overhead_bytes` for the rest; when they do not, we name the smallest ``--tensor-parallel-size`` in
-(1, 2, 4, 8) that fits (it must divide the attention heads, as vLLM requires) and, when the weights fit, the
-``--max-num-seqs`` that would.
+GPU (`check_gpu_fit`) follows vLLM 0.32's own arithmetic. At start-up each GPU worker takes ``requested =
+gpu_memory_utilization x total memory`` (``v1/worker/utils.py`` 760-771), loads the weights, runs a profile pass
+and estimates the CUDA-graph pool, and keeps ``requested - weights - activation peak - non-torch memory - graph
+memory`` for the KV cache (``v1/worker/gpu_worker.py`` 676-743, ``determine_available_memory``). It then refuses to
+start when that cannot hold ONE sequence of ``max_model_len`` tokens, and its error names the longest
+max_model_len that would fit (``v1/core/kv_cache_utils.py`` 1003-1040 and 1104-1137,
+``check_enough_kv_cache_memory``). Fewer than ``max_num_seqs`` such sequences is no refusal: the scheduler queues
+what does not fit. So `MemoryFit.fits` means "vLLM will start", and a concurrency short of ``max_num_seqs`` is
+`MemoryFit.warning`. We cannot profile, so weights are the checkpoint's bytes (split over the tensor-parallel GPUs)
+and everything else is `gpu_overhead_bytes`, a sourced figure; when it does not fit we name the longest
+``--max-model-len`` that fits and the smallest ``--tensor-parallel-size`` in (1, 2, 4, 8) that fits (it must divide
+the attention heads, as vLLM requires).
 
 CPU (`check_cpu_fit`): vLLM's CPU build keeps the weights in RAM and reserves VLLM_CPU_KVCACHE_SPACE GiB for the KV
 cache, refusing to start when RAM cannot hold it; we ask whether that KV space holds ``max_num_seqs`` sequences
 of ``max_model_len`` tokens and whether weights + KV space + `CPU_OVERHEAD_BYTES` fit in the available RAM.
 
 KV cache per token and layer: ``2 (K and V) x kv_heads x head_dim x dtype bytes`` (MLA models: ``kv_lora_rank +
-qk_rope_head_dim`` per layer, not split over GPUs), in blocks of `BLOCK_TOKENS`; sliding-window layers keep only
-the window (plus one block); under tensor parallelism each GPU holds ``max(1, kv_heads // tp)`` heads.
-Sizes in messages are decimal GB (10^9 bytes), as GPU datasheets and the Hugging Face hub state them.
+qk_rope_head_dim`` per layer, not split over GPUs), in blocks of `BLOCK_TOKENS`; under tensor parallelism each GPU
+holds ``max(1, kv_heads // tp)`` heads. A sliding-window layer holds ``ceil(min(window - 1 + in-flight tokens,
+max_model_len) / 16) + 1`` blocks per sequence (vLLM's ``SlidingWindowSpec.max_admission_blocks_per_request``,
+``v1/kv_cache_interface.py`` 859-896), where in-flight tokens are max_num_batched_tokens per concurrent batch for
+the one-sequence check and none for a sequence at rest.
+Sizes in messages are decimal GB (10^9 bytes), as GPU datasheets and the Hugging Face hub state them; the KV cache
+vLLM will have is also said in GiB, as vLLM logs it ("Available KV cache memory").
+
+`workload_max_model_len` is the one place a workload's ``max_model_len`` is decided: launches and exports pass it to
+vLLM, and the fit check sizes the KV cache by it.
 """
 
 from __future__ import annotations
@@ -31,6 +44,12 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 BLOCK_TOKENS = 16
 #: Tensor-parallel sizes we suggest.
 TP_SIZES = (1, 2, 4, 8)
+#: vLLM 0.32's max_num_batched_tokens for ``vllm serve`` on GPUs of 70 GiB or more other than A100 (H100, H200;
+#: ``engine/arg_utils.py`` 2933-2942), the deployment exports are for.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+#: Batches in flight at once under async scheduling, vLLM's GPU default (``VllmConfig.max_concurrent_batches``,
+#: ``config/vllm.py`` 576-587): a sliding-window layer keeps ``2 x max_num_batched_tokens`` in-flight tokens.
+ASYNC_CONCURRENT_BATCHES = 2
 #: Per-GPU memory besides weights and KV cache, one GPU. vLLM measures it at start-up instead of assuming it; its own
 #: figures (vllm PR #10511, Llama-3-8B on an H100): non-torch memory (CUDA context, cuBLAS workspaces) 1.79 GiB and
 #: PyTorch activation peak 1.26 GiB; CUDA graphs add an estimated 0.36 GiB (vLLM 0.27 start-up log, 16 piecewise
@@ -40,22 +59,82 @@ GPU_OVERHEAD_TP1_BYTES = int(3.5 * GIB)
 #: The same with tensor parallelism: the same PR measured non-torch memory 3.58 GiB per GPU at TP 2 (NCCL buffers),
 #: so 3.58 + 1.26 + 0.36 = 5.2, rounded up: 5.5 GiB.
 GPU_OVERHEAD_TP_BYTES = int(5.5 * GIB)
+#: MXFP4 mixture-of-experts checkpoints (gpt-oss) take far more beside their checkpoint bytes: vLLM re-lays the
+#: MXFP4 experts out for its MoE kernels (it reports "Model loading took 65.97 GiB" for gpt-oss-120b, vLLM
+#: #23278, and 64.38 GiB, #33155, against 60.8 GiB = 65.3 GB of safetensors), and the profile pass of a
+#: 201,088-token vocabulary over 8192 batched tokens holds large logits. Derived from #23278 (one H100 of 79.19 GiB
+#: at gpu_memory_utilization 0.90, no drafter): requested 71.27 GiB, "Available KV cache memory: -2.14 GiB", so
+#: everything but KV is 73.41 GiB, 12.6 GiB above the 60.8 GiB checkpoint; vLLM 0.10.1 did not yet count the graph
+#: pool there, so add the 0.36 GiB of `GPU_OVERHEAD_TP1_BYTES`' graphs: 13.0 GiB.
+MXFP4_MOE_OVERHEAD_TP1_BYTES = int(13.0 * GIB)
+#: The same per GPU under tensor parallelism: the re-layout (65.97 - 60.8 = 5.2 GiB) is split over the GPUs (at
+#: most 2.6 GiB each from TP 2), the activation peak and graphs (7.8 GiB) are not, and NCCL adds 1.8 GiB
+#: (3.58 - 1.79, PR #10511): 2.6 + 7.8 + 1.8 = 12.2 GiB.
+MXFP4_MOE_OVERHEAD_TP_BYTES = int(12.2 * GIB)
 #: RAM a vLLM CPU engine takes besides weights and KV space: ~1.6 GiB measured per engine with the test fixtures
 #: (engine core, worker and driver processes: benchmarks/bench_runtime.py ENGINE_GIB), rounded up.
 CPU_OVERHEAD_BYTES = 2 * GIB
+#: Characters per token where no tokenizer counts a prompt: English prose runs ~4, code and other languages ~3;
+#: the lower figure overestimates tokens, which the fit prefers to underestimating them.
+CHARS_PER_TOKEN = 3
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "float8_e4m3fn": 1,
                 "float8_e5m2": 1}
 
 
-def gpu_overhead_bytes(tensor_parallel_size: int) -> int:
+def is_mxfp4_moe(config: Mapping[str, Any]) -> bool:
+    """Whether a config.json describes an MXFP4 mixture-of-experts checkpoint (gpt-oss): its quantization_config
+    says quant_method "mxfp4" and it has experts."""
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    return method == "mxfp4" and bool(experts)
+
+
+def gpu_overhead_bytes(tensor_parallel_size: int, mxfp4_moe: bool = False) -> int:
     """Per-GPU memory we reserve for everything but weights and KV cache (see the constants)."""
+    if mxfp4_moe:
+        return MXFP4_MOE_OVERHEAD_TP1_BYTES if tensor_parallel_size <= 1 else MXFP4_MOE_OVERHEAD_TP_BYTES
     return GPU_OVERHEAD_TP1_BYTES if tensor_parallel_size <= 1 else GPU_OVERHEAD_TP_BYTES
 
 
 def _gb(n: float) -> str:
     """Decimal GB with one decimal; MB below 1 GB (fixture-sized models)."""
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+# ------------------------------------------------------------------------------------------------ max_model_len
+def workload_max_model_len(prompt_tokens: int, output_tokens: int, model_limit: int | None = None,
+                           *, estimated: bool = True) -> int:
+    """The max_model_len a workload needs: its longest prompt plus its largest max_tokens, with headroom, rounded up
+    to a power of two and never above `model_limit` (the model's max_position_embeddings; None: no limit).
+
+    Headroom: a prompt counted by characters (`estimated`, at `CHARS_PER_TOKEN`) gets a quarter more tokens, since
+    tokenizers differ by that much on code and non-English text; the sum is then rounded up to a power of two (at
+    least one 16-token block), which adds at most as much again. vLLM refuses a request longer than max_model_len,
+    so headroom costs only KV for one sequence, while too little fails requests.
+    Example: a 6,000-character prompt estimated at 2,000 tokens, 1,024 output tokens: 2,500 + 1,024 = 3,524 -> 4,096.
+    """
+    prompt = math.ceil(max(prompt_tokens, 0) * (1.25 if estimated else 1.0))
+    need = max(prompt + max(output_tokens, 0), BLOCK_TOKENS)
+    length = 1 << (need - 1).bit_length()
+    return min(length, model_limit) if model_limit else length
+
+
+def max_model_len_of(workload: Any, model_limit: int | None = None, given: int | None = None) -> int:
+    """The max_model_len launches and exports of `workload` (an `autotune.workloads.Workload`) pass to vLLM: `given`
+    (the user's) when set, else `workload_max_model_len` of its longest prompt (characters / `CHARS_PER_TOKEN`: no
+    tokenizer is loaded to size a launch) and its largest max_tokens, within `model_limit`."""
+    if given:
+        return given
+    prompts = [(len(r.text()), r.max_tokens) for _, r in workload.requests()]
+    longest = max((math.ceil(chars / CHARS_PER_TOKEN) for chars, _ in prompts), default=0)
+    output = max((tokens for _, tokens in prompts), default=0)
+    return workload_max_model_len(longest, output, model_limit)
 
 
 # ------------------------------------------------------------------------------------------------ KV shape
@@ -73,24 +152,37 @@ class KVShape:
     mla_width: int = 0
     """kv_lora_rank + qk_rope_head_dim for MLA models (DeepSeek-style): one latent per token and layer."""
 
-    def bytes_per_device(self, tokens: int, sequences: int, tensor_parallel_size: int = 1) -> int:
-        """KV bytes on one GPU for `sequences` sequences of `tokens` tokens each.
+    def per_token_layer(self, tensor_parallel_size: int = 1) -> int:
+        """KV bytes of one token in one layer on one GPU (vLLM's page size divided by the block size)."""
+        if self.mla_width:
+            return self.mla_width * self.dtype_bytes
+        heads = max(1, self.kv_heads // max(1, tensor_parallel_size))
+        return 2 * heads * self.head_dim * self.dtype_bytes
+
+    def bytes_per_device(self, tokens: int, sequences: int, tensor_parallel_size: int = 1,
+                         in_flight_tokens: int = 0) -> int:
+        """KV bytes on one GPU for `sequences` sequences of `tokens` tokens each, with `in_flight_tokens` scheduled
+        but not yet settled (only sliding-window layers keep them beside their window).
 
         Example: gpt-oss-120b (18 full + 18 sliding layers of window 128, 8 KV heads of 64, bf16), 64 x 8192
-        tokens, TP 1: 2 x 8 x 64 x 2 = 2048 B per token and layer; 18 x 8192 + 18 x (128 + 16) tokens per sequence
-        -> 2048 x 150,048 x 64 = 19.7 GB.
+        tokens, TP 1: 2 x 8 x 64 x 2 = 2048 B per token and layer; 18 x 8192 + 18 x (ceil(127 / 16) + 1) x 16
+        tokens per sequence -> 2048 x 150,048 x 64 = 19.7 GB.
         """
         if tokens <= 0 or sequences <= 0:
             return 0
         blocks = math.ceil(tokens / BLOCK_TOKENS) * BLOCK_TOKENS
-        sliding = min(blocks, math.ceil(self.window / BLOCK_TOKENS) * BLOCK_TOKENS + BLOCK_TOKENS) if self.window else 0
+        sliding = 0
+        if self.window:
+            held = min(self.window - 1 + max(in_flight_tokens, 0), tokens)
+            sliding = (math.ceil(held / BLOCK_TOKENS) + 1) * BLOCK_TOKENS
         token_layers = self.full_layers * blocks + self.sliding_layers * sliding
-        if self.mla_width:
-            per_token_layer = self.mla_width * self.dtype_bytes
-        else:
-            heads = max(1, self.kv_heads // max(1, tensor_parallel_size))
-            per_token_layer = 2 * heads * self.head_dim * self.dtype_bytes
-        return per_token_layer * token_layers * sequences
+        return self.per_token_layer(tensor_parallel_size) * token_layers * sequences
+
+    def block_bytes(self, tensor_parallel_size: int = 1) -> int:
+        """One block of every layer on one GPU: the null block vLLM's pool holds back before its one-sequence
+        check (``v1/core/kv_cache_utils.py`` 1122-1131; there it is one block of the largest layer group, at most
+        this)."""
+        return self.per_token_layer(tensor_parallel_size) * BLOCK_TOKENS * (self.full_layers + self.sliding_layers)
 
 
 def _int(config: Mapping[str, Any], key: str, default: int = 0) -> int:
@@ -133,9 +225,12 @@ class MemoryFit:
     """The verdict and its figures (bytes; `per_device_*` on one GPU, or RAM for the CPU check)."""
 
     fits: bool
+    """vLLM will start: the weights and its own buffers fit, and the KV cache left holds one sequence of
+    max_model_len (vLLM's own rule). Fewer than max_num_seqs such sequences is `warning`, not a refusal."""
     message: str
-    """One line: what is needed, what there is, and what to change."""
+    """One line: what is needed, what there is, what will happen, and what to change."""
     per_device_need: int
+    """GPU: weights + overhead + one sequence of max_model_len on one GPU (what vLLM needs to start). CPU: RAM."""
     per_device_budget: int
     weight_bytes: int
     """Target plus drafter weights, all devices."""
@@ -143,13 +238,18 @@ class MemoryFit:
     """KV cache for max_num_seqs x max_model_len, all devices (CPU: what those sequences need)."""
     tensor_parallel_size: int = 1
     suggested_tensor_parallel_size: int | None = None
-    """The smallest TP in `TP_SIZES` that fits, when the asked one does not; None when none does (or it fits)."""
+    """The smallest TP in `TP_SIZES` at which vLLM starts, when it does not at the asked one; None when none does
+    (or it starts)."""
     max_num_seqs_that_fit: int | None = None
-    """The most sequences of max_model_len that fit at the asked TP (CPU: in the KV space), when fewer than asked."""
-
-
-def _device_need(shape: KVShape, weights: int, *, tokens: int, seqs: int, tp: int) -> int:
-    return math.ceil(weights / tp) + shape.bytes_per_device(tokens, seqs, tp) + gpu_overhead_bytes(tp)
+    """How many sequences of max_model_len the KV cache holds at once, when fewer than max_num_seqs (vLLM then
+    queues the rest); None when all fit."""
+    warning: str | None = None
+    """One line when vLLM starts but its KV cache holds fewer than max_num_seqs sequences of max_model_len."""
+    max_model_len: int = 0
+    kv_available_bytes: int = 0
+    """GPU: the KV cache vLLM will have on each GPU (negative: none); CPU: the KV space."""
+    max_model_len_that_fits: int | None = None
+    """When one sequence does not fit: the longest max_model_len whose sequence does (None: none)."""
 
 
 def _gpus_here(tp: int, gpus_here: int | None) -> str:
@@ -158,6 +258,20 @@ def _gpus_here(tp: int, gpus_here: int | None) -> str:
     if gpus_here >= tp:
         return f" ({gpus_here} GPU{'s' * (gpus_here != 1)} here)"
     return f" (needs {tp} GPUs; {gpus_here} here)"
+
+
+def _longest_that_fits(need: Any, room: int, limit: int) -> int | None:
+    """The largest length in [1, limit) with ``need(length) <= room`` (vLLM's `estimate_max_model_len` searches the
+    same way), rounded down to a whole block; None when not even one block fits."""
+    low, high = 0, max(limit - 1, 0)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if need(mid) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    fits = low // BLOCK_TOKENS * BLOCK_TOKENS
+    return fits if fits >= BLOCK_TOKENS else None
 
 
 def check_gpu_fit(
@@ -175,59 +289,95 @@ def check_gpu_fit(
     gpus_here: int | None = None,
     kv_dtype_bytes: int | None = None,
     drafter_config: Mapping[str, Any] | None = None,
+    in_flight_tokens: int = ASYNC_CONCURRENT_BATCHES * DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    overhead_bytes: int | None = None,
 ) -> MemoryFit:
-    """Whether `model` (+ drafter) with KV cache for `max_num_seqs` x `max_model_len` tokens fits in
-    ``gpu_memory_utilization x device_memory_bytes`` on each of `tensor_parallel_size` GPUs.
+    """Whether vLLM starts `model` (+ drafter) with `max_model_len` on each of `tensor_parallel_size` GPUs of
+    `device_memory_bytes`, and how many sequences of max_model_len its KV cache then holds (see the module).
 
-    `drafter_config` adds the drafter's own KV cache (EAGLE heads keep one per layer). `gpus_here`: GPUs on this
-    machine (None: not known), said beside a suggested TP.
-    Example: gpt-oss-120b (65.3 GB of weights) + a 3.4 GB head + 64 x 8192 tokens on an 80 GB card at 0.92 needs
-    more than 73.6 GB: "use --tensor-parallel-size 2".
+    KV left per GPU = ``gpu_memory_utilization x device_memory_bytes - weights / tp - overhead`` (`overhead_bytes`,
+    default `gpu_overhead_bytes`: larger for MXFP4 MoE configs); vLLM starts when that, less its null block, holds
+    one sequence of max_model_len with `in_flight_tokens` in its sliding-window layers. `drafter_config` adds the
+    drafter's own KV cache (EAGLE heads keep one per layer). `gpus_here`: GPUs on this machine (None: not known),
+    said beside a suggested TP.
+    Example: gpt-oss-120b (65.3 GB of weights, MXFP4 MoE: 13.0 GiB overhead) + a 1.8 GB head on an H100 of
+    85.5 GB at 0.92: 78.7 - 65.3 - 1.8 - 14.0 = -2.4 GB, so vLLM cannot start at any max_model_len: "needs
+    --tensor-parallel-size 2".
     """
     if tensor_parallel_size < 1 or max_model_len < 1 or max_num_seqs < 1:
         raise ValueError("tensor_parallel_size, max_model_len and max_num_seqs must be >= 1")
     shape = kv_shape(target_config, kv_dtype_bytes)
     head = kv_shape(drafter_config, kv_dtype_bytes) if drafter_config else None
+    mxfp4 = is_mxfp4_moe(target_config)
     weights = target_weight_bytes + drafter_weight_bytes
     budget = int(gpu_memory_utilization * device_memory_bytes)
 
-    def need(tp: int, seqs: int = max_num_seqs) -> int:
-        total = _device_need(shape, weights, tokens=max_model_len, seqs=seqs, tp=tp)
-        return total + (head.bytes_per_device(max_model_len, seqs, tp) if head else 0)
+    def overhead(tp: int) -> int:
+        return overhead_bytes if overhead_bytes is not None else gpu_overhead_bytes(tp, mxfp4)
+
+    def kv(tp: int, tokens: int, seqs: int, in_flight: int = 0) -> int:
+        return (shape.bytes_per_device(tokens, seqs, tp, in_flight)
+                + (head.bytes_per_device(tokens, seqs, tp, in_flight) if head else 0))
+
+    def room(tp: int) -> int:
+        """KV memory vLLM will have on each GPU, less the null block."""
+        null = shape.block_bytes(tp) + (head.block_bytes(tp) if head else 0)
+        return budget - math.ceil(weights / tp) - overhead(tp) - null
+
+    def one_sequence(tp: int, tokens: int = max_model_len) -> int:
+        return kv(tp, tokens, 1, in_flight_tokens)
+
+    def starts(tp: int) -> bool:
+        return room(tp) > 0 and one_sequence(tp) <= room(tp)
 
     tp = tensor_parallel_size
-    kv_total = (shape.bytes_per_device(max_model_len, max_num_seqs, 1)
-                + (head.bytes_per_device(max_model_len, max_num_seqs, 1) if head else 0))
-    per_device = need(tp)
+    available = budget - math.ceil(weights / tp) - overhead(tp)
+    kv_total = kv(1, max_model_len, max_num_seqs)
+    per_device = math.ceil(weights / tp) + overhead(tp) + one_sequence(tp)
     drafter = f" + drafter ({_gb(drafter_weight_bytes)})" if drafter_weight_bytes else ""
-    what = (f"{model} ({_gb(target_weight_bytes)} weights){drafter} + KV cache for {max_num_seqs} x {max_model_len} "
-            f"tokens ({_gb(kv_total)}) + overhead ({_gb(gpu_overhead_bytes(tp) * tp)})")
-    where = (f"one {device_name}" if tp == 1 else f"each of {tp} x {device_name}")
+    where = f"one {device_name}" if tp == 1 else f"each of {tp} x {device_name}"
     have = f"{gpu_memory_utilization:.2f} x {_gb(device_memory_bytes)} = {_gb(budget)} on {where}"
-    needs = f"needs {_gb(per_device)}" + ("" if tp == 1 else f" per GPU ({_gb(per_device * tp)} in all)")
-    if per_device <= budget:
-        return MemoryFit(fits=True, message=f"{what} {needs}, within {have}.", per_device_need=per_device,
-                         per_device_budget=budget, weight_bytes=weights, kv_bytes=kv_total, tensor_parallel_size=tp)
+    what = (f"{model} ({_gb(target_weight_bytes)} weights){drafter} + overhead ({_gb(overhead(tp))}: activations, "
+            f"CUDA graphs, non-torch memory{', MXFP4 MoE' if mxfp4 and overhead_bytes is None else ''})"
+            + ("" if tp == 1 else f", split over {tp} GPUs"))
 
-    fixed = need(tp, 0)
-    per_seq = need(tp, 1) - fixed
-    seqs = int((budget - fixed) // per_seq) if per_seq > 0 and budget > fixed else 0
-    seqs_fit = seqs if 1 <= seqs < max_num_seqs else None
+    def result(fits: bool, message: str, **more: Any) -> MemoryFit:
+        return MemoryFit(fits=fits, message=message, per_device_need=per_device, per_device_budget=budget,
+                         weight_bytes=weights, kv_bytes=kv_total, tensor_parallel_size=tp,
+                         max_model_len=max_model_len, kv_available_bytes=available, **more)
+
+    if starts(tp):
+        per_seq = kv(tp, max_model_len, 1)
+        seqs = room(tp) // per_seq if per_seq > 0 else max_num_seqs
+        short = seqs < max_num_seqs
+        warning = None
+        if short:
+            warning = (f"The KV cache holds {seqs} sequence{'s' * (seqs != 1)} of {max_model_len} tokens at once, "
+                       f"fewer than max_num_seqs {max_num_seqs}: vLLM queues the rest (or use --max-num-seqs "
+                       f"{seqs} or a shorter --max-model-len).")
+        message = (f"{what} leave {_gb(available)} of {have} for KV cache: fits with max_model_len {max_model_len} "
+                   f"and about {_gib(available)} of KV ({seqs} sequence{'s' * (seqs != 1)} of {max_model_len} at "
+                   "once).")
+        return result(True, message, warning=warning, max_num_seqs_that_fit=seqs if short else None)
+
     candidates = [t for t in TP_SIZES if t > tp and shape.attention_heads % t == 0]
-    suggested = next((t for t in candidates if need(t) <= budget), None)
-    fixes = []
+    suggested = next((t for t in candidates if starts(t)), None)
+    longest = _longest_that_fits(lambda n: one_sequence(tp, n), room(tp), max_model_len) if room(tp) > 0 else None
+    fixes = [f"use --max-model-len {longest}"] if longest is not None else []
     if suggested is not None:
-        fixes.append(f"use --tensor-parallel-size {suggested}{_gpus_here(suggested, gpus_here)}")
-    if seqs_fit is not None:
-        fixes.append(f"--max-num-seqs {seqs_fit}")
+        tp_flag = f"--tensor-parallel-size {suggested}{_gpus_here(suggested, gpus_here)}"
+        fixes.append(tp_flag if fixes else f"needs {tp_flag}")
     if not fixes:
-        fixes.append("lower --max-model-len / --max-num-seqs or use a quantized checkpoint (it does not fit even "
-                     f"with --tensor-parallel-size {max([tp, *candidates])})")
-    return MemoryFit(
-        fits=False, message=f"{what} {needs}, but {have}: {', or '.join(fixes)}.", per_device_need=per_device,
-        per_device_budget=budget, weight_bytes=weights, kv_bytes=kv_total, tensor_parallel_size=tp,
-        suggested_tensor_parallel_size=suggested, max_num_seqs_that_fit=seqs_fit,
-    )
+        fixes.append("use a quantized checkpoint or a larger GPU (it does not fit even with --tensor-parallel-size "
+                     f"{max([tp, *candidates])})")
+    if room(tp) > 0:
+        why = (f"{what} leave {_gb(available)} of {have} for KV cache, less than one sequence of {max_model_len} "
+               f"tokens needs ({_gb(one_sequence(tp))}), so vLLM refuses to start")
+    else:
+        why = (f"{what} need {_gb(math.ceil(weights / tp) + overhead(tp))} before any KV cache, more than {have}, "
+               "so vLLM refuses to start")
+    return result(False, f"{why}: {', or '.join(fixes)}.", suggested_tensor_parallel_size=suggested,
+                  max_model_len_that_fits=longest)
 
 
 # ------------------------------------------------------------------------------------------------ CPU
@@ -244,9 +394,10 @@ def check_cpu_fit(
     kv_dtype_bytes: int | None = None,
     drafter_config: Mapping[str, Any] | None = None,
 ) -> MemoryFit:
-    """Whether vLLM's CPU build holds `model` (+ drafter) in `available_ram_bytes` with `kv_cache_gib` GiB of KV
-    space (VLLM_CPU_KVCACHE_SPACE; EngineOptions.cpu_kv_cache_gib), and whether that space holds `max_num_seqs`
-    sequences of `max_model_len` tokens. The message names the KV space to set when it is too small."""
+    """Whether vLLM's CPU build starts `model` (+ drafter) in `available_ram_bytes` with `kv_cache_gib` GiB of KV
+    space (VLLM_CPU_KVCACHE_SPACE; EngineOptions.cpu_kv_cache_gib): RAM holds weights + space + overhead, and the
+    space holds one sequence of `max_model_len` (vLLM's rule, as on GPUs). A space that holds fewer than
+    `max_num_seqs` such sequences is `MemoryFit.warning` (vLLM queues the rest), naming the space to set."""
     if max_model_len < 1 or max_num_seqs < 1 or kv_cache_gib <= 0:
         raise ValueError("max_model_len, max_num_seqs and kv_cache_gib must be positive")
     shape = kv_shape(target_config, kv_dtype_bytes)
@@ -259,38 +410,36 @@ def check_cpu_fit(
     kv_need = kv(max_num_seqs)
     space = int(kv_cache_gib * GIB)
     weights = target_weight_bytes + drafter_weight_bytes
-    wanted_space = max(space, kv_need)
-    wanted_gib = math.ceil(wanted_space / GIB)
-    ram_need = weights + wanted_space + CPU_OVERHEAD_BYTES
+    ram_need = weights + space + CPU_OVERHEAD_BYTES
+    wanted_gib = math.ceil(max(space, kv_need) / GIB)
     drafter = f" + drafter ({_gb(drafter_weight_bytes)})" if drafter_weight_bytes else ""
     what = f"{model} ({_gb(weights - drafter_weight_bytes)} weights){drafter}"
-    seqs = space // kv(1) if kv(1) else max_num_seqs
-    kv_short = kv_need > space
-    seqs_fit = int(seqs) if kv_short and seqs >= 1 else None
+    seqs = int(space // kv(1)) if kv(1) else max_num_seqs
+    seqs_fit = seqs if seqs < max_num_seqs else None
 
-    def result(fits: bool, need: int, message: str) -> MemoryFit:
-        return MemoryFit(fits=fits, message=message, per_device_need=need, per_device_budget=available_ram_bytes,
-                         weight_bytes=weights, kv_bytes=kv_need, max_num_seqs_that_fit=seqs_fit)
+    def result(fits: bool, message: str, warning: str | None = None) -> MemoryFit:
+        return MemoryFit(fits=fits, message=message, per_device_need=ram_need, per_device_budget=available_ram_bytes,
+                         weight_bytes=weights, kv_bytes=kv_need, max_num_seqs_that_fit=seqs_fit if fits else None,
+                         warning=warning, max_model_len=max_model_len, kv_available_bytes=space)
 
-    if ram_need <= available_ram_bytes and not kv_short:
-        return result(True, ram_need, (
-            f"{what} + KV space {kv_cache_gib:g} GiB (holds {max_num_seqs} x {max_model_len} tokens: "
-            f"{_gb(kv_need)}) + overhead ({_gb(CPU_OVERHEAD_BYTES)}) needs {_gb(ram_need)} of RAM, within "
-            f"{_gb(available_ram_bytes)} available."))
-    if ram_need <= available_ram_bytes:  # only the KV space is short, and RAM allows more
-        return result(False, ram_need, (
-            f"KV cache for {max_num_seqs} x {max_model_len} tokens of {model} needs {_gb(kv_need)}, more than the "
-            f"{kv_cache_gib:g} GiB KV space (VLLM_CPU_KVCACHE_SPACE): set it to {wanted_gib} GiB ({_gb(ram_need)} "
-            f"of RAM in all, {_gb(available_ram_bytes)} available)"
-            + (f", or use --max-num-seqs {seqs_fit}" if seqs_fit else "") + "."))
-    floor_need = weights + space + CPU_OVERHEAD_BYTES
-    if floor_need > available_ram_bytes:
-        return result(False, floor_need, (
+    if ram_need > available_ram_bytes:
+        return result(False, (
             f"{what} + KV space {kv_cache_gib:g} GiB + overhead ({_gb(CPU_OVERHEAD_BYTES)}) needs "
-            f"{_gb(floor_need)} of RAM, but {_gb(available_ram_bytes)} is available: free memory, or use a "
+            f"{_gb(ram_need)} of RAM, but {_gb(available_ram_bytes)} is available: free memory, or use a "
             "smaller model or a quantized checkpoint."))
-    return result(False, ram_need, (
-        f"KV cache for {max_num_seqs} x {max_model_len} tokens of {model} needs {_gb(kv_need)}, more than the "
-        f"{kv_cache_gib:g} GiB KV space (VLLM_CPU_KVCACHE_SPACE), and RAM ({_gb(available_ram_bytes)} available) "
-        f"cannot hold {wanted_gib} GiB beside {_gb(weights)} of weights"
-        + (f": use --max-num-seqs {seqs_fit}" if seqs_fit else ": lower --max-model-len") + "."))
+    if seqs < 1:
+        return result(False, (
+            f"One sequence of {max_model_len} tokens of {model} needs {_gb(kv(1))} of KV cache, more than the "
+            f"{kv_cache_gib:g} GiB KV space (VLLM_CPU_KVCACHE_SPACE), so vLLM refuses to start: set it to "
+            f"{math.ceil(kv(1) / GIB)} GiB or lower --max-model-len."))
+    message = (f"{what} + KV space {kv_cache_gib:g} GiB (holds {seqs} sequence{'s' * (seqs != 1)} of "
+               f"{max_model_len} tokens at once) + overhead ({_gb(CPU_OVERHEAD_BYTES)}) needs {_gb(ram_need)} of RAM, "
+               f"within {_gb(available_ram_bytes)} available.")
+    warning = None
+    if seqs_fit is not None:
+        room = weights + wanted_gib * GIB + CPU_OVERHEAD_BYTES <= available_ram_bytes
+        warning = (f"The {kv_cache_gib:g} GiB KV space holds {seqs} of the {max_num_seqs} sequences of "
+                   f"{max_model_len} tokens asked: vLLM queues the rest ("
+                   + (f"set VLLM_CPU_KVCACHE_SPACE to {wanted_gib} GiB for all, or " if room else "")
+                   + f"use --max-num-seqs {seqs}).")
+    return result(True, message, warning)

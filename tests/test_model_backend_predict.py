@@ -244,28 +244,35 @@ def test_open_loop_below_capacity_serves_the_offered_load(gpt_oss_h200: ModelBac
 
 
 def test_weights_that_do_not_fit_are_out_of_memory(mt_bench: Workload) -> None:
-    # The one memory-fit check (autotune.fit): gpt-oss-120b stores 65.2 GB of weights, + 3.5 GiB (3.8 GB) of
-    # overhead = 69.0 GB; an L40S holds 0.92 * 48 = 44.2 GB.
+    # The one memory-fit check (autotune.fit): gpt-oss-120b stores 65.2 GB of weights, + 13.0 GiB (14.0 GB) of MXFP4
+    # MoE overhead = 79.2 GB; an L40S holds 0.92 * 48 = 44.2 GB, so vLLM would not start.
     m = ModelBackend(GPT_OSS, "l40s").measure(SpecConfig(), mt_bench, Scenario(concurrency=1))
     assert not m.ok and m.failure_kind == "out_of_memory"
     assert m.failure_reason is not None and "65.2 GB" in m.failure_reason
-    assert "use --tensor-parallel-size 2" in m.failure_reason
+    assert "needs --tensor-parallel-size 4" in m.failure_reason
     assert m.provenance.kind == "predicted"
-    # Two of them hold it: 32.6 GB of weights + 5.5 GiB (5.9 GB) of overhead per GPU = 38.5 GB.
-    assert ModelBackend(GPT_OSS, "l40s", tp=2).measure(SpecConfig(), mt_bench, Scenario(concurrency=1)).ok
+    # Two hold 32.6 GB of weights + 12.2 GiB (13.1 GB) = 45.7 GB per GPU, still too much; four hold 29.4 GB each.
+    assert not ModelBackend(GPT_OSS, "l40s", tp=2).measure(SpecConfig(), mt_bench, Scenario(concurrency=1)).ok
+    assert ModelBackend(GPT_OSS, "l40s", tp=4).measure(SpecConfig(), mt_bench, Scenario(concurrency=1)).ok
 
 
-def test_kv_cache_that_does_not_fit_is_out_of_memory_with_the_batch_that_fits() -> None:
-    # gpt-oss-120b + its P-EAGLE head (1.714 B params stored, 3.43 GB) + 3.8 GB of overhead on one H100 (0.92 * 80 =
-    # 73.6 GB) leave 1.2 GB for KV. Each request may reach 8000 prompt + 256 output + K+1 = 8262 tokens (8272 in
-    # blocks of 16): 2048 B * (18 * 8272 + 18 * 144 sliding + 4 * 8272 head layers) = 0.378 GB, so 3 fit and 64 do not.
+def test_kv_cache_short_of_the_concurrency_queues_the_rest() -> None:
+    # gpt-oss-120b + its P-EAGLE head (3.43 GB stored) + 13.0 GiB of MXFP4 MoE overhead on one H200 (0.92 * 141 GB)
+    # leave ~47 GB of KV. The workload's max_model_len: 32,000 characters / 3 = 10,667 tokens, + 25% = 13,334, + 256
+    # output = 13,590 -> 16,384. One such sequence: 2048 B * (18 * 16,384 + 18 * 144 sliding + 4 * 16,384 head
+    # layers) = 0.74 GB, so ~63 run at once: vLLM starts and queues the rest of 128, it does not refuse.
+    from autotune.fit import MXFP4_MOE_OVERHEAD_TP1_BYTES, max_model_len_of
+
     workload = chat(prompt_chars=32_000, max_tokens=256)
-    backend = ModelBackend(GPT_OSS, "h100")
-    m = backend.measure(p_eagle(5, seqs=64), workload, Scenario(concurrency=64))
-    assert not m.ok and m.failure_kind == "out_of_memory"
-    assert m.failure_reason is not None and "--max-num-seqs 3" in m.failure_reason
-    assert backend.measure(p_eagle(5, seqs=3), workload, Scenario(concurrency=3)).ok
-    assert not backend.measure(p_eagle(5, seqs=4), workload, Scenario(concurrency=4)).ok
+    assert max_model_len_of(workload) == 16_384
+    backend = ModelBackend(GPT_OSS, "h200")
+    m = backend.measure(p_eagle(5, seqs=128), workload, Scenario(concurrency=128))
+    head = m.extra["drafter_gb"] * 1e9
+    kv = int(0.92 * 141e9) - int(backend.model.weight_bytes()) - round(head) - MXFP4_MOE_OVERHEAD_TP1_BYTES
+    null = 2048 * 16 * (36 + 4)
+    seqs = (kv - null) // (2048 * (18 * 16_384 + 18 * 144 + 4 * 16_384))
+    assert m.ok and m.extra["batch_size"] == seqs and 60 <= seqs < 128
+    assert f"holds {seqs} sequences of 16384 tokens at once" in m.extra["memory_warning"]
 
 
 # ---- calibration and fitted step cost --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Whether a predicted deployment fits in GPU memory: `autotune.fit.check_gpu_fit` on catalog figures."""
+"""Whether vLLM starts a predicted deployment on a GPU: `autotune.fit.check_gpu_fit` on catalog figures."""
 
 from __future__ import annotations
 
@@ -19,17 +19,20 @@ def predicted_fit(
     sequences: int,
     tokens: int,
 ) -> MemoryFit:
-    """Whether `model` (with `drafter`, if any) holds `sequences` sequences of `tokens` tokens on `tp` GPUs like
-    `gpu`: the one memory-fit check (`check_gpu_fit`, as search's vllm path runs it on checkpoints) with the weights
-    predicted from the catalog's parameter counts and the KV shape from its layers and heads (a drafter keeps
-    full-context KV in each of its layers with the target's heads). The message names the
-    --tensor-parallel-size or --max-num-seqs that would fit."""
+    """Whether vLLM starts `model` (with `drafter`, if any) with max_model_len `tokens` on `tp` GPUs like `gpu`, and
+    holds `sequences` such sequences at once: the one memory-fit check (`check_gpu_fit`, as search's vllm path runs
+    it on checkpoints) with the weights predicted from the catalog's parameter counts and the KV shape from its
+    layers and heads (a drafter keeps full-context KV in each of its layers with the target's heads). The message
+    says what vLLM will do: the KV it will have, or the --max-model-len / --tensor-parallel-size that would start."""
     heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_kv_heads,
              "head_dim": model.head_dim}
     sliding = round(model.num_layers * model.sliding_window_layer_fraction) if model.sliding_window else 0
     layer_types = ["sliding_attention"] * sliding + ["full_attention"] * (model.num_layers - sliding)
-    target_config = {"num_hidden_layers": model.num_layers, **heads, "sliding_window": model.sliding_window,
-                     "layer_types": layer_types}
+    target_config: dict[str, object] = {"num_hidden_layers": model.num_layers, **heads,
+                                        "sliding_window": model.sliding_window, "layer_types": layer_types}
+    if "mxfp4" in model.weight_format.lower() and model.num_experts:
+        # What config.json says of such a checkpoint, so the check takes the MXFP4 MoE overhead (autotune.fit).
+        target_config.update(quantization_config={"quant_method": "mxfp4"}, num_local_experts=model.num_experts)
     drafter_bytes = 0
     if drafter is not None:
         stored = drafter_weight_params(drafter, model, params)[1]

@@ -36,7 +36,7 @@ from autotune.backends._step import Calibration, StepTime, fit_calibration, pref
 from autotune.backends.base import Backend, Capabilities
 from autotune.catalogs import DrafterSpec, GPUSpec, ModelSpec, default_gpu, get_drafter, get_gpu, resolve_model
 from autotune.errors import ConfigError, PeagleError, UsageError
-from autotune.fit import MemoryFit
+from autotune.fit import MemoryFit, max_model_len_of
 from autotune.measurement import Measurement, Provenance
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
@@ -195,24 +195,18 @@ class ModelBackend(Backend):
         return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
 
     def memory_fit(self, config: SpecConfig, sequences: int, tokens: int) -> MemoryFit:
-        """Whether `config` holds `sequences` sequences of `tokens` tokens on this backend's GPU(s): the one
-        memory-fit check (`autotune.fit.check_gpu_fit`, as search's vllm path runs it on checkpoints) with the
-        weights predicted from the catalog's parameter counts and the KV shape from its layers and heads (a drafter
-        keeps full-context KV in each of its layers with the target's heads). The message names the
-        --tensor-parallel-size or --max-num-seqs that would fit."""
+        """Whether vLLM starts `config` with max_model_len `tokens` on this backend's GPU(s), and holds `sequences`
+        such sequences at once: the one memory-fit check (`autotune.fit.check_gpu_fit`, as search's vllm path runs
+        it on checkpoints) with the weights predicted from the catalog's parameter counts and the KV shape from its
+        layers and heads (a drafter keeps full-context KV in each of its layers with the target's heads)."""
         drafter = self.drafter_for(config) if config.speculative and config.k > 0 else None
         return predicted_fit(self.model, drafter, self._base_gpu, self.tp, self.params, sequences, tokens)
 
     def workload_fit(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> MemoryFit:
-        """`memory_fit` as `measure` checks it: the requests one step holds at `scenario` (`_slots`), each at the
-        workload's longest sequence (prompt + output + K + 1 tokens)."""
-        shape = WorkloadShape.of(workload, self.params)
+        """`memory_fit` as `measure` checks it: at the workload's max_model_len (`autotune.fit.max_model_len_of`,
+        what a launch passes), with the requests one step holds at `scenario` (`step_slots`) at once."""
         slots = max(step_slots(config, scenario, config.k), 1)
-        return self.memory_fit(config, slots, self._sequence_tokens(shape, config.k))
-
-    @staticmethod
-    def _sequence_tokens(shape: WorkloadShape, k: int) -> int:
-        return int(shape.max_context_tokens) + k + 1
+        return self.memory_fit(config, slots, max_model_len_of(workload))
 
     # ---- Backend ---------------------------------------------------------------------------------------------
     def figure_inputs(self) -> str:
@@ -251,9 +245,12 @@ class ModelBackend(Backend):
                 f"{k + 1} verified tokens; raise it to >= {k + 1} or lower K.",
             )
 
-        memory = self.memory_fit(config, slots, self._sequence_tokens(shape, k))
+        memory = self.memory_fit(config, slots, max_model_len_of(workload))
         if not memory.fits:
             return Measurement.failed(config, scenario, provenance, "out_of_memory", memory.message)
+        if memory.max_num_seqs_that_fit is not None:
+            # vLLM starts and queues what its KV cache cannot hold: at most this many sequences of max_model_len run.
+            slots = min(slots, memory.max_num_seqs_that_fit)
         # Steady state: paged KV holds each running request's current context (mean: prompt + half its output).
         kv_gb_per_request = request_kv_bytes(self.model, int(round(context)) + k + 1, drafter if k else None) / 1e9
 
@@ -303,6 +300,8 @@ class ModelBackend(Backend):
             extra["prediction_log_sigma"] = sigma
             extra["speedup_range"] = [speedup * math.exp(-sigma), speedup * math.exp(sigma)]
         extra["kv_cache_gb"] = batch * kv_gb_per_request
+        if memory.warning:
+            extra["memory_warning"] = memory.warning
         extra.update(
             {
                 "baseline_batch_size": base_batch,

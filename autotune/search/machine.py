@@ -19,10 +19,6 @@ from typing import Any
 
 from autotune.errors import BackendUnavailableError, PeagleError, UnknownModelError, UsageError
 
-#: Sequence length the fit check assumes when the workload's requests say nothing shorter: vLLM itself refuses to
-#: start unless the KV cache holds one sequence of max_model_len tokens.
-_CHARS_PER_TOKEN = 3
-
 
 @dataclass
 class Checkpoints:
@@ -115,18 +111,21 @@ def resolve_drafters(names: Sequence[str], found: Checkpoints) -> None:
             return
 
 
-def sequence_tokens(workload: Any, max_model_len: int | None, config: dict[str, Any]) -> int:
-    """Tokens one sequence of `workload` holds at most (prompt estimated at 3 characters a token, plus max_tokens),
-    never less than a short context and never more than the model's context (max_model_len, or config.json's)."""
-    longest = max((len(r.text()) // _CHARS_PER_TOKEN + r.max_tokens for _, r in workload.requests()), default=1)
-    limit = max_model_len or int(config.get("max_position_embeddings") or longest)
-    return max(1, min(longest, limit))
+def workload_max_model_len(workload: Any, config: dict[str, Any], given: int | None = None) -> int:
+    """The max_model_len every launch of the search passes to vLLM and its fit check sizes the KV cache by:
+    `given` (the user's) when set, else `autotune.fit.max_model_len_of` the workload within the model's
+    max_position_embeddings (config.json)."""
+    from autotune.fit import max_model_len_of
+
+    limit = config.get("max_position_embeddings")
+    return max_model_len_of(workload, limit if isinstance(limit, int) and limit > 0 else None, given)
 
 
 def check_fit(found: Checkpoints, gpus: list[dict[str, Any]], *, seqs: int, tokens: int, tensor_parallel_size: int,
               gpu_memory_utilization: float | None, cpu_kv_cache_gib: float | None) -> Any:
-    """The `autotune.fit.MemoryFit` of the target with its largest drafter on this machine's device: each GPU
-    (NVML's `gpus`) at the tensor-parallel size, or RAM for vLLM's CPU build. None when sizes are unknown."""
+    """The `autotune.fit.MemoryFit` of the target with its largest drafter on this machine's device at max_model_len
+    `tokens` (`workload_max_model_len`) and `seqs` sequences at once: each GPU (NVML's `gpus`, a MIG slice's own
+    memory) at the tensor-parallel size, or RAM for vLLM's CPU build. None when sizes are unknown."""
     from autotune import fit
     from autotune.environment import available_ram_bytes
 

@@ -30,7 +30,7 @@ from autotune.search.machine import (
     launch_estimate,
     resolve_drafters,
     resolve_target,
-    sequence_tokens,
+    workload_max_model_len,
 )
 from autotune.search.objective import Objective
 from autotune.search.registry import make_strategy
@@ -250,10 +250,11 @@ def _choice(spec: Any) -> DrafterChoice:
 
 
 def _backend(
-    kind: str, spec: Any, gpu_name: str | None, notes: list[str], found: Checkpoints | None, tp: int
+    kind: str, spec: Any, gpu_name: str | None, notes: list[str], found: Checkpoints | None, tp: int,
+    max_model_len: int | None = None,
 ) -> tuple[Backend, dict[str, Any]]:
-    """The backend of `kind` for target `spec` (launching from `found`'s checkpoints), and the environment its
-    figures come from."""
+    """The backend of `kind` for target `spec` (launching from `found`'s checkpoints with `max_model_len`), and the
+    environment its figures come from."""
     from autotune.catalogs import default_gpu, get_gpu
 
     if kind == "model":
@@ -273,7 +274,7 @@ def _backend(
     environment = detect_environment()
     target = found.target.launch_dir or found.target.repo_id
     dirs = {name: str(c.launch_dir) for name, c in found.drafters.items() if c.repo_id and c.launch_dir}
-    return VLLMBackend(model=str(target), checkpoint_dirs=dirs), environment
+    return VLLMBackend(model=str(target), checkpoint_dirs=dirs, max_model_len=max_model_len), environment
 
 
 def _check_gpu_flag(gpu: str | None, gpus: list[dict[str, Any]]) -> None:
@@ -346,6 +347,23 @@ def _in_launch(
     return backend, shared, own
 
 
+def _predicted_memory(backend: Backend, specs: list[Any], workload: Workload, concurrency: int) -> list[str]:
+    """What vLLM would do with the target and its largest published drafter at the workload's max_model_len on the
+    backend's GPU(s), predicted from the catalog's sizes (`autotune.backends._memory.predicted_fit`): the line and
+    its warning, if any."""
+    from autotune.backends._memory import predicted_fit
+    from autotune.backends.model import ModelBackend
+    from autotune.fit import max_model_len_of
+
+    assert isinstance(backend, ModelBackend)
+    published = [d for d in specs if d.published]
+    drafter = max(published, key=lambda d: d.num_layers, default=None)
+    memory = predicted_fit(backend.model, drafter, backend.base_gpu, backend.tp, backend.params, concurrency,
+                           max_model_len_of(workload))
+    return [f"Memory (predicted from the catalog's sizes): {line}" for line in (memory.message, memory.warning)
+            if line]
+
+
 def _refuse_what_cannot_fit(backend: Backend, spaces: list[SearchSpace], scenarios: list[Scenario],
                             workload: Workload) -> None:
     """Check the memory fit once, before any trial: when even a scenario's smallest config (no speculation, its
@@ -388,7 +406,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
     workload = load_workload(options.workload)
     notes: list[str] = []
-    found, memory = None, None
+    found, memory, max_model_len = None, None, None
     gpus = detect_gpus() if measuring else []  # NVML, read once for the flag check, the fit and the device line
     if measuring:
         found = Checkpoints(target=target, problem=problem)
@@ -397,21 +415,27 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
             released = _drafter_specs(spec, spec_space.drafters, include_hypothetical=False)
             resolve_drafters([str(d.local_path or d.name) for d in released if d.published], found)
         if not found.problem:
+            max_model_len = workload_max_model_len(workload, found.target.config)
             memory = check_fit(
-                found, gpus, seqs=max(options.concurrencies),
-                tokens=sequence_tokens(workload, None, found.target.config),
+                found, gpus, seqs=max(options.concurrencies), tokens=max_model_len,
                 tensor_parallel_size=options.tensor_parallel_size, gpu_memory_utilization=None,
                 cpu_kv_cache_gib=EngineOptions().cpu_kv_cache_gib,
             )
     kind, why = choose_backend(options.backend, has_vllm=has_vllm, found=found, memory=memory,
                                no_download=options.no_download)
-    backend, environment = _backend(kind, spec, options.gpu, notes, found, options.tensor_parallel_size)
+    backend, environment = _backend(kind, spec, options.gpu, notes, found, options.tensor_parallel_size,
+                                    max_model_len)
     if kind == "vllm":
         assert found is not None
         notes.append(_device_line(environment, gpus))
         notes += [f"Checkpoint: {line}" for line in found.lines()]
         if memory is not None:
             notes.append(f"Memory: {memory.message}")
+            if memory.warning:
+                notes.append(f"Memory: {memory.warning}")
+        if max_model_len is not None:
+            notes.append(f"Every launch passes --max-model-len {max_model_len}: the workload's longest prompt "
+                         "(estimated at 3 characters a token) plus its max_tokens, with headroom.")
     include = spec_space.include_hypothetical
     if include is None:
         # The catalog's drafters on a backend that predicts: their layer variants too, so 2 vs 4 layers is compared.
@@ -427,6 +451,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     scenarios = [_scenario(kind, c, workload) for c in options.concurrencies]
     if kind == "model":
         _refuse_what_cannot_fit(backend, spaces, scenarios, workload)
+        notes += _predicted_memory(backend, specs, workload, max(options.concurrencies))
     all_in_launch = False
     if in_launch:
         backend, shared, own = _in_launch(backend, spaces, scenarios, workload, notes)
