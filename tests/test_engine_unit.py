@@ -125,6 +125,48 @@ def test_memory_errors_are_out_of_memory_even_when_raised_as_value_error() -> No
     assert kind == "out_of_memory"
 
 
+# vLLM 0.32's start-up refusals when memory is already taken, as its f-strings render them (v1/worker/utils.py
+# 760-771 on a GPU, v1/worker/cpu_worker.py 83-93 on CPU), and torch's CUDA allocator error.
+GPU_FREE_MEMORY_MESSAGE = (
+    "Free memory on device cuda:0 (5.87/79.19 GiB) on startup is less than desired GPU memory utilization (0.92, "
+    "72.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+)
+GPU_EXTERNAL_WEIGHTS_MESSAGE = (
+    "Free memory on device cuda:0 (5.87/79.19 GiB) on startup is less than the engine's budget after excluding "
+    "external process's weights (0.92, 40.12 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+    "other processes."
+)
+CPU_FREE_MEMORY_MESSAGE = (
+    "Available memory on node 0 (3.10/15.52 GiB) on startup is less than desired CPU memory utilization (0.92, "
+    "14.28 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved "
+    "(despite its name)."
+)
+TORCH_CUDA_OOM_LOG = (
+    "(Worker pid=91) ERROR 12-07 [multiproc_executor.py:953] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+    "allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free.\n"
+)
+
+
+@pytest.mark.parametrize("message", [GPU_FREE_MEMORY_MESSAGE, GPU_EXTERNAL_WEIGHTS_MESSAGE, CPU_FREE_MEMORY_MESSAGE])
+def test_memory_taken_at_start_up_is_out_of_memory_with_the_fix(message: str) -> None:
+    # Raised as a ValueError while the engine is built: without the match it would read as a rejected config.
+    kind, reason = _classify(phase="start", exc_types=["ValueError", "Exception"], message=message)
+    assert kind == "out_of_memory"
+    assert "lower gpu_memory_utilization to what is free, or stop that process" in reason and "\n" not in reason
+    # The same, found only in the log under vLLM's wrapper.
+    kind, _ = _classify(phase="start", exc_types=["RuntimeError", "Exception"],
+                        message="Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+                        log_text=f"(EngineCore pid=1) ERROR 12-07 [core.py:700] ValueError: {message}\n")
+    assert kind == "out_of_memory"
+
+
+def test_cuda_out_of_memory_in_the_log_is_out_of_memory() -> None:
+    kind, reason = _classify(phase="warmup", exc_types=["RuntimeError", "Exception"],
+                             message="Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+                             log_text=TORCH_CUDA_OOM_LOG)
+    assert kind == "out_of_memory" and "CUDA out of memory" in reason and "gpu_memory_utilization" in reason
+
+
 def test_killed_by_sigkill_without_a_report_is_out_of_memory() -> None:
     kind, reason = _classify(phase="measure", returncode=-signal.SIGKILL)
     assert kind == "out_of_memory" and "OOM killer" in reason

@@ -24,13 +24,20 @@ _OOM_RE = re.compile(
             r"(?<![\w.])MemoryError",
             r"No available memory for the cache blocks",
             r"KV cache is needed, which is larger than the available",
-            r"less than desired CPU memory utilization",
             r"less than requested memory for kv",
             r"exit ?code:? ?-9\b",
             r"exitcode[=: ]+-9\b",
         ]
     ),
     re.IGNORECASE,
+)
+#: vLLM's refusal when memory is already taken at start-up (another engine, another process): its CPU wording
+#: (``v1/worker/cpu_worker.py`` 83-93, "Available memory on node ... is less than desired CPU memory utilization")
+#: and its GPU wordings (``v1/worker/utils.py`` 740-771: "Free memory on device cuda:0 (.../... GiB) on startup is
+#: less than desired GPU memory utilization (0.92, ... GiB)", or "... is less than the engine's budget after
+#: excluding external process's weights").
+_FREE_MEMORY_RE = re.compile(
+    r"less than desired (?:CPU|GPU) memory utilization|on startup is less than the engine's budget", re.IGNORECASE
 )
 _ERROR_RE = re.compile(r"\b((?:\w+\.)*([A-Z]\w*(?:Error|Exception))): (.+)$")
 #: Wrappers vLLM raises around the real error; the root cause is logged before them.
@@ -114,6 +121,11 @@ def classify_failure(
         return "timeout", (
             f"No result within timeout_s={timeout_s:g} s (the engine was in phase '{phase}'); raise timeout_s "
             "or measure fewer or shorter requests (Scenario.num_prompts, max_tokens)."
+        )
+    if _FREE_MEMORY_RE.search(evidence):
+        return "out_of_memory", (
+            f"Out of memory during {phase}: {detail}. Another process (another engine side by side?) holds the "
+            "memory this engine asked for: lower gpu_memory_utilization to what is free, or stop that process."
         )
     oom = _OOM_RE.search(evidence)
     if oom or returncode == -signal.SIGKILL:
