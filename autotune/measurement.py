@@ -38,13 +38,19 @@ class Provenance:
     tensor_parallel_size: int | None = None
     """GPUs the target was split over (measured: vLLM's tensor_parallel_size; predicted: the GPUs assumed); None:
     one, or not recorded."""
+    deployment: str | None = None
+    """For measurements: the deployment the figure was measured in, named after the command that serves that way,
+    with its scheduling and model runner (`autotune.engine.deployment`): "vllm serve (async, V2)" for a plain launch,
+    "peagle-tune serve (sync, V1)" for one with the scheduler plugin. None: not recorded (rows stored before it was)."""
 
     def describe(self) -> str:
         if self.kind == "measured":
+            tp = f", tensor parallel {self.tensor_parallel_size}" if (self.tensor_parallel_size or 1) > 1 else ""
+            if self.deployment:
+                return f"measured on {self.device} in {self.deployment} (vLLM {self.vllm_version}{tp}, " \
+                    f"{self.date[:10]})"
             runner = f", {self.model_runner.upper()} model runner" if self.model_runner else ""
-            if self.tensor_parallel_size and self.tensor_parallel_size > 1:
-                runner += f", tensor parallel {self.tensor_parallel_size}"
-            return f"measured on {self.device} (vLLM {self.vllm_version}{runner}, {self.date[:10]})"
+            return f"measured on {self.device} (vLLM {self.vllm_version}{runner}{tp}, {self.date[:10]})"
         return f"predicted by the {self.backend} backend for {self.device} from {self.profile}"
 
     def to_dict(self) -> dict[str, Any]:

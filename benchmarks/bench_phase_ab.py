@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     c = args.concurrency
     work = Path(tempfile.mkdtemp(prefix="peagle-phase-ab-"))
     seqs = max(c, 8)
-    base = br.ENGINE_OPTIONS.engine_args(SpecConfig(max_num_seqs=seqs), defaults=engine_kwargs())
+    base = br.ENGINE_OPTIONS.engine_args(SpecConfig(max_num_seqs=seqs), defaults=engine_kwargs(async_scheduling=False))
     spec = br.ENGINE_OPTIONS.engine_args(
         SpecConfig("draft_model", str(args.models / args.drafter), args.max_k, parallel_drafting=True,
-                   max_num_seqs=seqs), defaults=engine_kwargs())
+                   max_num_seqs=seqs), defaults=engine_kwargs(async_scheduling=False))
     configs = [("no speculation", base, PluginConfig(mode="static")),
                (f"static K={args.max_k}", spec, PluginConfig(mode="static")),
                ("adaptive", spec, PluginConfig(mode="adaptive", adaptive=adaptive))]

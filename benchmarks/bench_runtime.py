@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     def job(config: SpecConfig, plugin: bool = False, speculative_extra: dict[str, Any] | None = None
             ) -> dict[str, Any]:
         kwargs = options.engine_args(config, speculative_extra=speculative_extra,
-                                     defaults=engine_kwargs() if plugin else None)
+                                     defaults=engine_kwargs(async_scheduling=False) if plugin else None)
         return {"model": target, "engine_kwargs": kwargs, "workloads": workloads, "warmup": warm,
                 "rounds": args.rounds, "concurrencies": concs, "c1_requests": args.c1_requests}
 

@@ -34,7 +34,8 @@ class FakeEngineCore:
     ) -> Any:
         """`scheduler_cls` for the fixture target with the 1-layer drafter (draft_model, parallel drafting, K=`K`),
         float32, max_model_len 256, max_num_seqs `batch`, no prefix caching, a KV cache of `num_blocks` blocks of
-        16 tokens; `async_scheduling` as given (None: vLLM's default)."""
+        16 tokens; `async_scheduling` as given (None: vLLM's default). The CPU platform turns async scheduling off
+        whatever was asked; True sets it back on the scheduler config, as vLLM's config on a GPU has it."""
         import torch
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -47,6 +48,8 @@ class FakeEngineCore:
             enable_prefix_caching=False, speculative_config=speculative.speculative_config(), **more,
         ).create_engine_config()
         config.cache_config.num_gpu_blocks = num_blocks
+        if async_scheduling:
+            config.scheduler_config.async_scheduling = True
         spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
         kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])

@@ -7,8 +7,9 @@ request ``num_spec_tokens_to_schedule`` placeholder drafts and the runner copies
 from the device. The plugin sets each request's placeholders to its planned depth, so what is asserted here is what
 the runner would verify: scheduled tokens = 1 + depth, scheduled spec tokens = depth, and vLLM's own accounting
 (placeholders, computed tokens, spec-decode counters) stays consistent. The CPU platform forces async scheduling off
-in real engines, hence no engine here. The handshake is answered by a fake executor found the way the plugin finds
-vLLM's (the ``model_executor`` of the engine core constructing it).
+in real engines, hence no engine here: the scheduler config has ``async_scheduling=True`` set directly, as a GPU's
+has it. The handshake is answered by a fake executor found the way the plugin finds vLLM's (the ``model_executor``
+of the engine core constructing it).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def async_scheduler(plugin_env: Path) -> tuple[Any, FakeExecutor]:
     from policies.scheduler import PeagleAsyncScheduler
 
     executor = FakeExecutor()
-    scheduler = FakeEngineCore(executor).build(PeagleAsyncScheduler)
+    scheduler = FakeEngineCore(executor).build(PeagleAsyncScheduler, async_scheduling=True)
     for i, cls in enumerate(("short", "none", "full")):
         _add(scheduler, f"{cls}-{i}", cls)
     return scheduler, executor
@@ -152,7 +153,7 @@ def test_vllm_accounting_stays_consistent_under_partial_acceptance(
 def test_width_follows_the_deepest_planned_depth(plugin_env: Path) -> None:
     from policies.scheduler import PeagleAsyncScheduler
 
-    scheduler = FakeEngineCore(FakeExecutor()).build(PeagleAsyncScheduler)
+    scheduler = FakeEngineCore(FakeExecutor()).build(PeagleAsyncScheduler, async_scheduling=True)
     _add(scheduler, "a", "short")
     _add(scheduler, "b", "none")
     widths = [o.num_spec_tokens_to_schedule for o in _steps(scheduler, {}, 4)]
@@ -164,7 +165,7 @@ def test_without_the_worker_patch_the_width_stays_k_and_depths_still_apply(plugi
     from policies.scheduler import PeagleAsyncScheduler
 
     executor = FakeExecutor(installed=False)
-    scheduler = FakeEngineCore(executor).build(PeagleAsyncScheduler)
+    scheduler = FakeEngineCore(executor).build(PeagleAsyncScheduler, async_scheduling=True)
     _add(scheduler, "a", "short")
     outputs = list(_steps(scheduler, {"a": 1}, 3))
     # Parallel drafting cannot draft fewer than K without the patch (vLLM #45695): the runner copies the first
@@ -178,4 +179,106 @@ def test_engine_kwargs_install_the_async_variant_with_the_worker_patch() -> None
     from policies.plugin import ASYNC_SCHEDULER_CLS, engine_kwargs
 
     assert engine_kwargs(async_scheduling=True)["scheduler_cls"] == ASYNC_SCHEDULER_CLS
-    assert engine_kwargs()["worker_extension_cls"] == engine_kwargs(async_scheduling=True)["worker_extension_cls"]
+    assert engine_kwargs(async_scheduling=False)["worker_extension_cls"] == engine_kwargs(
+        async_scheduling=True)["worker_extension_cls"]
+
+
+def _spy(obj: Any, name: str, before: Any) -> None:
+    """Call ``before(*args, **kwargs)`` ahead of each call of ``obj.name`` (replaced on the instance only)."""
+    method = getattr(obj, name)
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        before(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, spied)
+
+
+def test_a_synchronous_plugin_under_async_scheduling_refuses_in_one_line(plugin_env: Path) -> None:
+    # Served anyway, it would speculate nothing: the async engine core never hands it the drafts
+    # (vllm/v1/engine/core.py:693) while its depth decisions still cost every step.
+    from policies.scheduler import PeagleScheduler
+
+    with pytest.raises(RuntimeError) as refused:
+        FakeEngineCore(FakeExecutor()).build(PeagleScheduler, async_scheduling=True)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "PeagleAsyncScheduler" in message and "--no-async-scheduling" in message
+
+
+def test_each_step_verifies_the_depth_planned_one_step_before_and_records_its_own_drafting_width(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from policies.plugin import CONFIG_ENV, DepthPlan, PluginConfig
+    from policies.scheduler import PeagleAsyncScheduler
+
+    plan = DepthPlan((K, 0, 2, 1), block_steps=1)  # a new width every step
+    config = PluginConfig(mode="plan", plan=plan, stats_path=str(tmp_path / "stats.json"))
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    scheduler = FakeEngineCore(FakeExecutor()).build(PeagleAsyncScheduler, async_scheduling=True)
+    for name in ("a", "b"):
+        _add(scheduler, name, "full")
+    recorded: list[int] = []  # the drafting width each applied step was recorded with
+    _spy(scheduler._stats, "observe_tally", lambda *a, drafting_depth, **kw: recorded.append(drafting_depth))
+    outputs = list(_steps(scheduler, {"a": K, "b": 0}, 9))
+    # schedule(n) plans the drafts of step n (verified in step n + 1): the plan's n-th depth, one clock per batch size.
+    widths = [o.num_spec_tokens_to_schedule for o in outputs]
+    assert widths == [plan.depth_at(n) for n in range(9)]
+    for n in range(1, 9):
+        assert {r: len(t) for r, t in outputs[n].scheduled_spec_decode_tokens.items()} == (
+            dict.fromkeys("ab", widths[n - 1]) if widths[n - 1] else {}), n
+        assert outputs[n].num_scheduled_tokens == dict.fromkeys("ab", 1 + widths[n - 1])
+    # Step n's output is applied after schedule(n + 1) decided the next width: it is still recorded with its own.
+    assert recorded == widths and scheduler._active
+
+
+def test_the_controller_decides_from_acceptance_one_step_older_and_vllm_schedules_its_depths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from policies.plugin import CONFIG_ENV, PluginConfig
+    from policies.scheduler import PeagleAsyncScheduler
+
+    # "always" accepts every draft, "never" none (priors and outcomes agree: the controller verifies K and 0).
+    adaptive = {
+        "policy": {"version": 1, "static_k": K, "max_k": K, "default_class": "always",
+                   "classes": {"never": {"min_k": 0}}, "controller": {"explore_every": 0}},
+        "cost_model": {"version": 1, "sequential": False, "coefficients": {
+            "base": 3.0, "per_request": 0.1, "per_verified_token": 0.1, "drafter_fixed": 1.0,
+            "drafter_per_request": 0.3}},
+        "acceptance": {"always": {"num_drafts": 100, "accepted_per_position": [100] * K},
+                       "never": {"num_drafts": 100, "accepted_per_position": [0] * K}},
+    }
+    config = PluginConfig(mode="adaptive", adaptive=adaptive, stats_path=str(tmp_path / "stats.json"))
+    monkeypatch.setenv(CONFIG_ENV, str(config.save(tmp_path / "plugin.json")))
+    scheduler = FakeEngineCore(FakeExecutor()).build(PeagleAsyncScheduler, async_scheduling=True)
+    _add(scheduler, "a", "always")
+    _add(scheduler, "n", "never")
+    observed: list[int] = []  # drafted tokens of each step the controller learnt from
+    seen_at_decision: list[int] = []  # steps the controller had learnt from when it decided
+    decided: list[dict[str, int]] = []
+    _spy(scheduler._controller, "observe_tally", lambda tally, *a: observed.append(tally.verified - tally.size))
+    _spy(scheduler._controller, "decide", lambda batch: seen_at_decision.append(len(observed)))
+    decide = scheduler._decider.decide
+
+    def record_depths(output: Any, requests: Any) -> dict[str, int]:
+        depths = decide(output, requests)
+        decided.append(dict(depths))
+        return depths
+
+    scheduler._decider.decide = record_depths
+    steps = 8
+    outputs = list(_steps(scheduler, {"a": K, "n": K}, steps))
+    # schedule(n) comes before step n - 1's output is applied: the decision sees steps 0 .. n - 2, one fewer than
+    # under synchronous scheduling (0 .. n - 1).
+    assert seen_at_decision == [0, 0, *range(1, steps - 1)]
+    assert observed == [0] + [K] * (steps - 1)  # prefill verifies nothing; then "a" verifies K, "n" none
+    # What the controller chose per request in schedule(n) is what vLLM verifies in step n + 1.
+    assert decided[0] == {"a": K, "n": 0}
+    for n in range(1, steps):
+        assert {r: len(outputs[n].scheduled_spec_decode_tokens.get(r, ())) for r in "an"} == decided[n - 1], n
+    scheduler.shutdown()
+    from policies.plugin import PluginStats
+
+    stats = PluginStats.load(tmp_path / "stats.json")
+    always = stats.acceptance("always", K)
+    assert always is not None and always.num_drafts == steps - 1 and not stats.fallback

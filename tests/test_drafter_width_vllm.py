@@ -97,11 +97,11 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         "enable_prefix_caching": job.get("prefix_caching", False),
     }
     if job.get("plugin_only"):  # no speculation, but the plugin records step times
-        kwargs.update(engine_kwargs())
+        kwargs.update(engine_kwargs(async_scheduling=False))
     if job.get("k"):
         kwargs["speculative_config"] = {"method": "draft_model", "model": job["drafter"],
                                         "num_speculative_tokens": job["k"], "parallel_drafting": True}
-        kwargs.update(engine_kwargs())
+        kwargs.update(engine_kwargs(async_scheduling=False))
         if not job.get("extension", True):
             del kwargs["worker_extension_cls"]
     llm = LLM(**kwargs)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from autotune.engine import EngineOptions, measured_provenance, predict_variant
+from autotune.engine import EngineOptions, measured_provenance, plugin_async_scheduling, predict_variant
 from autotune.errors import ConfigError
 from autotune.measurement import Provenance
 from autotune.profiling._plugin_run import plugin_provenance
@@ -73,9 +73,30 @@ def test_on_the_cpu_build_everything_runs_v1_eagerly_and_synchronously() -> None
 
 
 def test_launches_that_install_the_plugin_pin_v1_so_the_drafter_width_patch_can_install() -> None:
-    args = {"speculative_config": EAGLE3, **engine_kwargs()}
+    args = {"speculative_config": EAGLE3, **engine_kwargs(async_scheduling=False)}
     variant = gpu(args, engine_env())
     assert (variant.model_runner, variant.async_scheduling) == ("v1", False)
+    assert variant.deployment == "peagle-tune serve (sync, V1)"
+
+
+def test_plugin_launches_schedule_async_where_vllm_would_and_sync_on_request() -> None:
+    # vLLM's own choice for the launch (vllm/config/vllm.py:1585-1644): async on a GPU, off on the CPU build.
+    assert plugin_async_scheduling({"speculative_config": P_EAGLE}, {}, device="cuda", triton=True) is True
+    assert plugin_async_scheduling({"speculative_config": P_EAGLE}, {}, device="cpu", triton=False) is False
+    # The override: a user forcing synchronous scheduling (step costs that do not overlap).
+    forced = {"speculative_config": P_EAGLE, "async_scheduling": False}
+    assert plugin_async_scheduling(forced, {}, device="cuda", triton=True) is False
+    # Where vLLM itself turns async off, the plugin follows: pipeline parallelism on V1 (the plugin pins V1), and
+    # a drafter batch without padding.
+    assert plugin_async_scheduling({"pipeline_parallel_size": 2}, {}, device="cuda", triton=True) is False
+    unpadded = {**P_EAGLE, "disable_padded_drafter_batch": True}
+    assert plugin_async_scheduling({"speculative_config": unpadded}, {}, device="cuda", triton=True) is False
+    # The plugin's own arguments do not change vLLM's choice; installed, they name the plugin's deployment.
+    args = {"speculative_config": EAGLE3, **engine_kwargs(async_scheduling=True)}
+    assert plugin_async_scheduling(args, {}, device="cuda", triton=True) is True
+    on_gpu = gpu(args, engine_env())
+    assert on_gpu.deployment == "peagle-tune serve (async, V1)"
+    assert gpu({"speculative_config": EAGLE3}).deployment == "vllm serve (async, V2)"  # plain: vLLM's V2 runner
 
 
 def test_peagle_tune_serve_pins_v1_in_the_engine_environment(tmp_path: Path) -> None:
@@ -104,9 +125,12 @@ def test_provenance_records_the_variant_and_old_rows_still_load() -> None:
     recorded = measured_provenance(args, options.process_env())
     assert Provenance.from_dict(recorded.to_dict()) == recorded
     assert (recorded.model_runner, recorded.cudagraph_mode) == ("v1", "NONE")  # this machine: the CPU build or no GPU
-    assert "V1 model runner" in recorded.describe()
-    # What a profile records for its plugin launch: the plugin schedules synchronously, whatever the device.
-    assert plugin_provenance(args, options).async_scheduling is False
+    assert recorded.deployment == "vllm serve (sync, V1)"  # a plain launch on this machine
+    assert "in vllm serve (sync, V1)" in recorded.describe()
+    # What a profile records for its plugin launch: the plugin's deployment, scheduling as vLLM does here (sync).
+    plugin = plugin_provenance(args, options)
+    assert (plugin.async_scheduling, plugin.deployment) == (False, "peagle-tune serve (sync, V1)")
+    assert loaded.deployment is None  # old rows: not recorded
 
 
 requires_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")

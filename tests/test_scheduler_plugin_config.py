@@ -112,14 +112,16 @@ def test_an_unreadable_or_invalid_file_names_the_file(tmp_path: Path) -> None:
         PluginConfig.load(bad)
 
 
-def test_engine_arguments_install_the_plugin_with_synchronous_scheduling() -> None:
-    # Async scheduling never calls update_draft_token_ids, so the default (trimming) plugin needs it off; the
-    # worker extension carries the drafter-width patch (policies.plugin.drafter_width).
+def test_engine_arguments_install_the_scheduler_that_matches_the_scheduling() -> None:
+    # Async scheduling never calls update_draft_token_ids, so the trimming plugin runs synchronously and the async
+    # variant sets placeholders; the worker extension carries the drafter-width patch (policies.plugin.drafter_width).
     extension = "policies.plugin.drafter_width.DrafterWidthExtension"
-    assert engine_kwargs() == {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False,
-                               "worker_extension_cls": extension}
-    assert serve_args() == ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling",
-                            "--worker-extension-cls", extension]
+    assert engine_kwargs(async_scheduling=False) == {"scheduler_cls": SCHEDULER_CLS, "async_scheduling": False,
+                                                     "worker_extension_cls": extension}
+    assert serve_args(async_scheduling=False) == ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling",
+                                                  "--worker-extension-cls", extension]
+    assert serve_args(async_scheduling=True) == ["--scheduler-cls", "policies.scheduler.PeagleAsyncScheduler",
+                                                 "--async-scheduling", "--worker-extension-cls", extension]
     assert SCHEDULER_CLS == "policies.scheduler.PeagleScheduler"
 
 

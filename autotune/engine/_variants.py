@@ -27,9 +27,15 @@ or the optimization level's default (O0: NONE, O1: PIECEWISE, O2/O3, the default
 batch-size schedule (``num_speculative_tokens_per_batch_size``) on V1 turns a mode with full graphs into PIECEWISE
 (`_maybe_override_dynamic_sd_cudagraph_mode`).
 
-**Async scheduling**: ``async_scheduling`` when given (our plugin launches give it: `policies.plugin.engine_kwargs`);
-otherwise on, as vLLM defaults it for every method we tune (eagle3, eagle, draft_model). The CPU platform turns it
-off whatever was asked (`CpuPlatform.check_and_update_config`).
+**Async scheduling** (vllm/config/vllm.py:1585-1644): ``async_scheduling`` when given; otherwise on, as vLLM
+defaults it for every method we tune (eagle3, eagle, draft_model), unless ``disable_padded_drafter_batch`` or
+pipeline parallelism on V1 turn it off. The CPU platform turns it off whatever was asked
+(`CpuPlatform.check_and_update_config`). Plugin launches schedule the way vLLM would for the same launch
+(`plugin_async_scheduling`), so plugin and plain figures on one device come from the same kind of engine.
+
+**Deployment**: what a figure was measured in, named after the command that serves that way (`deployment`): plain
+``vllm serve`` or ``peagle-tune serve`` (the plugin's ``scheduler_cls`` among the arguments), with its scheduling and
+model runner, e.g. "vllm serve (async, V2)".
 
 Example: ``predict_variant({"speculative_config": {"method": "eagle3", "parallel_drafting": True, ...}}, {},
 device="cuda", triton=True)`` is V1 ("parallel drafting ...") with FULL_AND_PIECEWISE graphs and async scheduling.
@@ -45,9 +51,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import ConfigError
-from policies.plugin.config import V2_RUNNER_ENV
+from policies.plugin.config import ASYNC_SCHEDULER_CLS, SCHEDULER_CLS, V2_RUNNER_ENV, engine_env
 
-__all__ = ["V2_RUNNER_ENV", "EngineVariant", "engine_device", "predict_variant", "triton_usable", "vllm_build"]
+__all__ = [
+    "V2_RUNNER_ENV",
+    "EngineVariant",
+    "deployment",
+    "engine_device",
+    "plugin_async_scheduling",
+    "predict_variant",
+    "triton_usable",
+    "vllm_build",
+]
 
 Device = Literal["cuda", "cpu"]
 Runner = Literal["v1", "v2"]
@@ -56,6 +71,10 @@ Runner = Literal["v1", "v2"]
 _V2_UNSUPPORTED_METHODS = ("suffix", "medusa", "mlp_speculator", "custom_class")
 #: Methods whose parallel drafting V2 runs natively (every other method drafts in parallel only on V1).
 _V2_PARALLEL_METHODS = ("dflash", "dspark")
+#: ``scheduler_cls`` values that install the scheduler plugin (`policies.plugin.engine_kwargs`).
+_PLUGIN_SCHEDULERS = (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS)
+#: ``LLM(...)`` arguments only the plugin adds (left out to predict what vLLM alone would run).
+_PLUGIN_ARGS = ("scheduler_cls", "worker_extension_cls")
 #: Default CUDA-graph mode per optimization level (vLLM 0.32 OPTIMIZATION_LEVEL_0x; O2 is the default level).
 _LEVEL_GRAPHS = {0: "NONE", 1: "PIECEWISE", 2: "FULL_AND_PIECEWISE", 3: "FULL_AND_PIECEWISE"}
 
@@ -72,9 +91,27 @@ class EngineVariant:
     async_scheduling: bool
     device: Device
     """"cuda" (the GPU build with an NVIDIA GPU) or "cpu"."""
+    plugin: bool = False
+    """The launch installs peagle-tune's scheduler plugin (its ``scheduler_cls``)."""
+
+    @property
+    def deployment(self) -> str:
+        """The deployment this launch stands for (`deployment`), e.g. "peagle-tune serve (sync, V1)"."""
+        return deployment(self.plugin, self.async_scheduling, self.model_runner)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "deployment": self.deployment}
+
+
+def deployment(plugin: bool, async_scheduling: bool, model_runner: str) -> str:
+    """The deployment a figure was measured in, as ``show``, search's table and the export header name it: the
+    command that serves that way, its scheduling and its model runner.
+
+    Example: ``deployment(False, True, "v2") == "vllm serve (async, V2)"``; ``deployment(True, False, "v1") ==
+    "peagle-tune serve (sync, V1)"``.
+    """
+    command = "peagle-tune serve" if plugin else "vllm serve"
+    return f"{command} ({'async' if async_scheduling else 'sync'}, {model_runner.upper()})"
 
 
 def vllm_build() -> Literal["cpu", "cuda"] | None:
@@ -132,8 +169,33 @@ def predict_variant(
     device = engine_device() if device is None else device
     triton = triton_usable(device) if triton is None else triton
     runner, reason = _runner(engine_args, env, device, triton)
-    return EngineVariant(runner, reason, _cudagraph_mode(engine_args, device, runner), _async(engine_args, device),
-                         device)
+    plugin = engine_args.get("scheduler_cls") in _PLUGIN_SCHEDULERS
+    return EngineVariant(runner, reason, _cudagraph_mode(engine_args, device, runner),
+                         _async(engine_args, device, runner), device, plugin)
+
+
+def plugin_async_scheduling(
+    engine_args: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    *,
+    device: Device | None = None,
+    triton: bool | None = None,
+) -> bool:
+    """Whether a launch of ``LLM(**engine_args)`` with the scheduler plugin schedules async: what vLLM 0.32 would do
+    for the same arguments without the plugin, on the V1 model runner the plugin pins (`policies.plugin.engine_env`).
+    That is async on a GPU and synchronous on CPU, so a plugin figure and a plain figure on one device come from the
+    same kind of engine. ``engine_args["async_scheduling"]`` is the override (False: synchronous, for step costs that
+    do not overlap); on CPU it is off whatever was asked, as in vLLM. Pass the result to
+    `policies.plugin.engine_kwargs` / `policies.plugin.serve_args`.
+
+    Example: ``plugin_async_scheduling({}, {}, device="cuda")`` is True; with ``{"async_scheduling": False}`` False;
+    ``plugin_async_scheduling({}, {}, device="cpu")`` is False.
+    """
+    import os
+
+    plain = {key: value for key, value in engine_args.items() if key not in _PLUGIN_ARGS}
+    env = {**(os.environ if env is None else env), **engine_env()}
+    return predict_variant(plain, env, device=device, triton=triton).async_scheduling
 
 
 def _runner(engine_args: Mapping[str, Any], env: Mapping[str, str], device: Device, triton: bool) -> tuple[Runner, str]:
@@ -194,8 +256,13 @@ def _cudagraph_mode(engine_args: Mapping[str, Any], device: Device, runner: Runn
     return mode
 
 
-def _async(engine_args: Mapping[str, Any], device: Device) -> bool:
+def _async(engine_args: Mapping[str, Any], device: Device, runner: Runner) -> bool:
     if device == "cpu":
         return False
     given = engine_args.get("async_scheduling")
-    return True if given is None else bool(given)
+    if given is not None:
+        return bool(given)
+    spec = engine_args.get("speculative_config") or {}
+    if spec.get("disable_padded_drafter_batch"):
+        return False  # vLLM: "not compatible with disable_padded_drafter_batch=True"
+    return not (int(engine_args.get("pipeline_parallel_size") or 1) > 1 and runner == "v1")  # V1 lacks PP async

@@ -32,6 +32,7 @@ from autotune.engine import (
     config_args,
     ensure_private_dir,
     os_error_line,
+    plugin_async_scheduling,
     remove_entry,
     safe_draft_model_path,
     serve_command,
@@ -66,8 +67,8 @@ _OWNED_OPTIONS = {
     "--port": "--port",
     "--speculative-config": "--recommendation/--policy (the speculative config comes from the recommendation)",
     "--scheduler-cls": "nothing (the adaptive scheduler is the point of `peagle-tune serve`; use `vllm serve`)",
-    "--async-scheduling": "nothing (depth control needs synchronous scheduling)",
-    "--no-async-scheduling": "nothing (it is always set)",
+    "--async-scheduling": "nothing (serve schedules async where vLLM does: on a GPU)",
+    "--no-async-scheduling": "nothing (serve schedules async where vLLM does: on a GPU)",
 }
 
 
@@ -195,7 +196,8 @@ def build_launch(
     memory_fraction: float | None = None,
 ) -> ServeLaunch:
     """The launch for ``tuned``: ``vllm serve MODEL`` with the speculative config, the adaptive scheduler
-    (``--scheduler-cls policies.scheduler.PeagleScheduler --no-async-scheduling``), the request-classifying
+    (``--scheduler-cls policies.scheduler.PeagleScheduler --no-async-scheduling``, or ``PeagleAsyncScheduler
+    --async-scheduling`` where vLLM schedules async: `autotune.engine.plugin_async_scheduling`), the request-classifying
     middleware (``classify``), the tuned batch limits, and ``extra_args`` (any other ``vllm serve`` option).
 
     The command runs vLLM's own CLI through ``python -m autotune.engine serve`` (identical to ``vllm serve`` except
@@ -217,7 +219,9 @@ def build_launch(
     drafter_source = str(source["model"]) if spec.get("model") != source.get("model") else None
     if memory_fraction is not None and user_sets(extra_args, "--gpu-memory-utilization"):
         memory_fraction = None  # the user's value wins
-    options = [*serve_args(), *(["--middleware", MIDDLEWARE] if classify else [])]
+    # Async where vLLM is (a GPU), so the plugin serves in the engine plain `vllm serve` would run.
+    async_scheduling = plugin_async_scheduling(args, plugin_engine_env())
+    options = [*serve_args(async_scheduling=async_scheduling), *(["--middleware", MIDDLEWARE] if classify else [])]
     argv = serve_command(tuned.model, args, program=ENGINE_CLI, host=host, port=port, options=options,
                          memory_fraction=memory_fraction, extra=extra_args)
     env = {

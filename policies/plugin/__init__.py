@@ -1,8 +1,8 @@
 """The vLLM scheduler plugin's public contract: what a process that starts an engine writes, sets and reads back.
 
 - `config`: `PluginConfig` (the JSON file named by `CONFIG_ENV`), `DepthPlan`, `engine_kwargs` / `serve_args`
-  (``scheduler_cls`` = `SCHEDULER_CLS`, synchronous scheduling, or `ASYNC_SCHEDULER_CLS`; ``worker_extension_cls``
-  = `WORKER_EXTENSION_CLS`);
+  (``scheduler_cls`` = `ASYNC_SCHEDULER_CLS` with async scheduling, vLLM's default on a GPU, or `SCHEDULER_CLS`
+  with synchronous scheduling, as on CPU; ``worker_extension_cls`` = `WORKER_EXTENSION_CLS`);
 - `drafter_width` (worker process) and `drafting` (engine core): the drafter drafts only the planned depth and skips
   steps where every request is at depth 0, once every worker proved the patch in a handshake;
 - `stats`: `PluginStats`, what the plugin measured (the stats.json at ``PluginConfig.stats_path``);
@@ -17,7 +17,7 @@ Example: install the plugin in plan mode and read what it measured::
 
     config = PluginConfig(mode="plan", plan=DepthPlan.sweep(4), stats_path="stats.json")
     os.environ[CONFIG_ENV] = str(config.save("plugin.json"))
-    llm = vllm.LLM(model, speculative_config=..., **engine_kwargs())
+    llm = vllm.LLM(model, speculative_config=..., **engine_kwargs(async_scheduling=on_a_gpu))
     ...
     stats = PluginStats.load("stats.json")
 """

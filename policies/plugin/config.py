@@ -4,10 +4,10 @@ Pure Python (no vLLM import), so the parent process that starts an engine, the t
 
 How the pieces meet: the parent writes a `PluginConfig` as JSON (`PluginConfig.save`), names the file in the
 environment variable ``PEAGLE_SCHEDULER_CONFIG`` (`CONFIG_ENV`), adds `engine_env()` (V1 model runner) and starts
-vLLM with `engine_kwargs()` (``scheduler_cls`` and ``async_scheduling=False``) or `serve_args()`. The engine-core
-process inherits the environment, its `PeagleScheduler` reads the config, controls the verified depth and records a
-`PluginStats` (`policies.plugin.stats`), written as JSON to ``stats_path``; the parent reads it back with
-`PluginStats.load`.
+vLLM with `engine_kwargs()` or `serve_args()` (``scheduler_cls`` and ``async_scheduling``: async where vLLM would
+be, on a GPU). The engine-core process inherits the environment, its `PeagleScheduler` reads the config, controls the
+verified depth and records a `PluginStats` (`policies.plugin.stats`), written as JSON to ``stats_path``; the parent
+reads it back with `PluginStats.load`.
 
 Modes:
 
@@ -83,13 +83,17 @@ MAX_DEPTH = 64
 """Deepest verified depth a plugin config may name (a sanity bound; the engine's K caps it at run time)."""
 
 
-def engine_kwargs(async_scheduling: bool = False) -> dict[str, Any]:
+def engine_kwargs(*, async_scheduling: bool) -> dict[str, Any]:
     """``LLM(...)`` keyword arguments that install the plugin (and its worker-side drafter-width patch). Set
     ``PEAGLE_SCHEDULER_CONFIG`` and `engine_env` in the engine's environment too.
 
-    ``async_scheduling=False`` (default): step times do not overlap, so the measured step cost is the step's own,
-    and a drafter that falls back to its full width is noticed from the drafts. True installs
-    `ASYNC_SCHEDULER_CLS`, which sets each request's depth through vLLM's draft placeholders.
+    ``async_scheduling`` has no default on purpose: pass what vLLM itself would run for the launch, so that the
+    plugin's figures come from the engine a plain ``vllm serve`` runs. That is async on a GPU and synchronous on the
+    CPU build (vllm/config/vllm.py:1585-1644; `autotune.engine.plugin_async_scheduling` decides it for peagle-tune's
+    launches). True installs `ASYNC_SCHEDULER_CLS` (depth through vLLM's draft placeholders, decided from acceptance
+    one step older); False installs `SCHEDULER_CLS` (depth by trimming the drafts), the explicit choice for profiling
+    step costs: step times do not overlap, so each measured step cost is the step's own, and a drafter that falls back
+    to its full width is noticed from the drafts.
     """
     cls = ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
     return {"scheduler_cls": cls, "async_scheduling": async_scheduling, "worker_extension_cls": WORKER_EXTENSION_CLS}
@@ -108,12 +112,11 @@ def engine_env() -> dict[str, str]:
     return {V2_RUNNER_ENV: "0"}
 
 
-def serve_args(async_scheduling: bool = False) -> list[str]:
+def serve_args(*, async_scheduling: bool) -> list[str]:
     """The same as `engine_kwargs`, as ``vllm serve`` arguments."""
-    if async_scheduling:
-        return ["--scheduler-cls", ASYNC_SCHEDULER_CLS, "--async-scheduling",
-                "--worker-extension-cls", WORKER_EXTENSION_CLS]
-    return ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling", "--worker-extension-cls", WORKER_EXTENSION_CLS]
+    flag = "--async-scheduling" if async_scheduling else "--no-async-scheduling"
+    cls = ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
+    return ["--scheduler-cls", cls, flag, "--worker-extension-cls", WORKER_EXTENSION_CLS]
 
 
 # ------------------------------------------------------------------------------------------------------ the plan

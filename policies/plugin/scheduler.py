@@ -1,9 +1,11 @@
 """The vLLM scheduler plugin: runtime control of the verified draft depth, per step and per request.
 
-Install it with ``LLM(..., **policies.plugin.engine_kwargs())``
-(``scheduler_cls="policies.scheduler.PeagleScheduler"``, ``async_scheduling=False``) or ``vllm serve ...
---scheduler-cls policies.scheduler.PeagleScheduler --no-async-scheduling``, with ``PEAGLE_SCHEDULER_CONFIG`` naming a
-`PluginConfig` JSON file. This module imports vLLM and is imported only by the engine-core process (vLLM loads it by
+Install it with ``LLM(..., **policies.plugin.engine_kwargs(async_scheduling=False))``
+(``scheduler_cls="policies.scheduler.PeagleScheduler"``) or ``vllm serve ... --scheduler-cls
+policies.scheduler.PeagleScheduler --no-async-scheduling``, with ``PEAGLE_SCHEDULER_CONFIG`` naming a `PluginConfig`
+JSON file; where vLLM schedules async (a GPU), ``async_scheduling=True`` installs `PeagleAsyncScheduler` (below). A
+`PeagleScheduler` constructed under async scheduling refuses to start, in one line, rather than serve without
+speculation. This module imports vLLM and is imported only by the engine-core process (vLLM loads it by
 that class path, which `policies.scheduler` re-exports); ``import policies`` and ``import policies.plugin`` never
 import it. It is a thin adapter over parts that import no vLLM: the depth decision per step
 (`_depth_step.DepthDecider`, with `policies.DepthRules` and the adaptive controller from
@@ -105,11 +107,19 @@ class PeagleScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._async = isinstance(self, AsyncScheduler)
+        if getattr(self.scheduler_config, "async_scheduling", False) and not self._async:
+            # Refused, not served without the plugin: vLLM's async engine core never hands this scheduler the
+            # drafts (vllm/v1/engine/core.py:693), so it could neither trim nor count them.
+            raise RuntimeError(
+                f"{type(self).__name__} runs only with synchronous scheduling, but this engine schedules async: "
+                f"pass scheduler_cls={ASYNC_SCHEDULER_CLS!r} (policies.plugin.engine_kwargs(async_scheduling=True)) "
+                "or --no-async-scheduling."
+            )
         spec = self.vllm_config.speculative_config
         self._k = int(self.num_spec_tokens or 0)
         self._parallel = bool(getattr(spec, "parallel_drafting", False)) if spec is not None else False
         self._active = False
-        self._async = isinstance(self, AsyncScheduler)
         self._config = PluginConfig()
         self._stats: PluginStats | None = None
         self._metrics = GuardedMetrics(logger)
@@ -117,7 +127,9 @@ class PeagleScheduler(Scheduler):
         self._decider = DepthDecider(self._labels, self._metrics, logger, self._k)
         self._width = WidthControl()
         self._observer = StepObserver(self._labels, self.num_sampled_tokens_per_step, self._async)
-        self._t0: dict[int, float] = {}  # id(SchedulerOutput) -> perf_counter at schedule() entry
+        # id(SchedulerOutput) -> (perf_counter at schedule() entry, the step's drafting depth). Keyed by the output
+        # because under async scheduling step n+1 is scheduled before step n's output is applied.
+        self._scheduled: dict[int, tuple[float, int]] = {}
         self._next_depth: dict[str, int] = {}  # verified depth of the next step per request
         self._drafting_depth = 0
         self._between_from: float | None = None  # when the last step ended, while requests were unfinished
@@ -174,13 +186,6 @@ class PeagleScheduler(Scheduler):
         })
         if k == 0:
             logger.warning("PeagleScheduler: no speculative decoding configured; recording step times only.")
-        if async_on and not self._async:
-            raise RuntimeError(
-                "PeagleScheduler needs synchronous scheduling: with async scheduling the drafts never pass through "
-                "the scheduler, so it cannot trim them. Use the async variant (scheduler_cls="
-                f"{ASYNC_SCHEDULER_CLS!r}, policies.plugin.engine_kwargs(async_scheduling=True)) or pass "
-                "async_scheduling=False (--no-async-scheduling)."
-            )
         if config.mode == "adaptive" and k > 0:
             decider.policy, decider.controller = build_controller(config, k)
             if width.skip:  # a step where every request is at depth 0 costs no drafter pass
@@ -227,8 +232,8 @@ class PeagleScheduler(Scheduler):
                 if self._between_from is not None and self._stats is not None:
                     self._stats.observe_between_steps((t0 - self._between_from) * 1000.0, drafter_ran)
                 self._between_from = None
-                self._t0[id(output)] = t0
                 self._decide(output)
+                self._scheduled[id(output)] = (t0, self._drafting_depth)
             except Exception as exc:
                 self._fail("schedule", exc)
             self._add_overhead(t1)
@@ -260,13 +265,16 @@ class PeagleScheduler(Scheduler):
         if self._active:
             t1 = time.perf_counter()
             try:
-                observed = self._observe(scheduler_output, model_runner_output)
+                scheduled = self._scheduled.get(id(scheduler_output))
+                drafting = self._drafting_depth if scheduled is None else scheduled[1]
+                observed = self._observe(scheduler_output, model_runner_output, drafting)
             except Exception as exc:
                 self._fail("update_from_output", exc)
             self._add_overhead(t1)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         t_end = time.perf_counter()
-        t0 = self._t0.pop(id(scheduler_output), None)
+        scheduled = self._scheduled.pop(id(scheduler_output), None)
+        t0 = None if scheduled is None else scheduled[0]
         if self._active and observed is not None:
             try:
                 self._record(observed, None if t0 is None else (t_end - t0) * 1000.0)
@@ -331,8 +339,10 @@ class PeagleScheduler(Scheduler):
             assign_placeholders(requests, output, depths)
         self._drafting_depth = drafting
 
-    def _observe(self, output: SchedulerOutput, runner_output: ModelRunnerOutput) -> Observed:
-        return self._observer.observe(output, runner_output, self._decider.batch_of(output), self._drafting_depth)
+    def _observe(self, output: SchedulerOutput, runner_output: ModelRunnerOutput, drafting: int) -> Observed:
+        """``drafting``: the drafting depth decided in ``output``'s own schedule() (under async scheduling the
+        next step's decision has been made by the time ``output``'s result comes back)."""
+        return self._observer.observe(output, runner_output, self._decider.batch_of(output), drafting)
 
     def _record(self, observed: Observed, step_ms: float | None) -> None:
         assert self._stats is not None
@@ -431,13 +441,25 @@ class PeagleScheduler(Scheduler):
 
 
 class PeagleAsyncScheduler(PeagleScheduler, AsyncScheduler):
-    """The plugin under vLLM's async scheduling (`ASYNC_SCHEDULER_CLS`).
+    """The plugin under vLLM's async scheduling (`ASYNC_SCHEDULER_CLS`), vLLM's default on a GPU
+    (vllm/config/vllm.py:1585-1644).
 
-    vLLM's ``AsyncScheduler._update_after_schedule`` gives every decoding request ``num_spec_tokens_to_schedule``
-    placeholder drafts, and the model runner copies the first ``len(placeholders)`` drafts of the request's row
-    straight from the device; the drafts never reach the scheduler. So after ``schedule()`` the plugin sets each
-    request's placeholders to its planned depth (`policies.plugin.drafting.assign_placeholders`) instead of trimming,
-    and counts a request's placeholders as its verified drafts. Everything else is `PeagleScheduler`'s. Step times
-    overlap under async scheduling (the next step is scheduled while the current one runs), so ``step_ms`` is the
-    time between a step's schedule() and its update_from_output, not its cost alone.
+    vLLM's ``AsyncScheduler._update_after_schedule`` (vllm/v1/core/sched/async_scheduler.py:25-50) gives every
+    decoding request ``num_spec_tokens_to_schedule`` placeholder drafts, and the model runner copies the first
+    ``len(placeholders)`` drafts of the request's row straight from the device; the drafts never reach the scheduler
+    (the engine core fetches them only when synchronous, vllm/v1/engine/core.py:693). So after ``schedule()`` the
+    plugin sets each request's placeholders to its planned depth (`policies.plugin.drafting.assign_placeholders`)
+    instead of trimming, and counts a request's placeholders as its verified drafts.
+
+    Acceptance one step older: the engine core's batch queue (``step_with_batch_queue``, vllm/v1/engine/core.py:698)
+    schedules step n+1 before it applies step n's output, so the depths decided in schedule(n+1) see acceptance up to
+    step n-1, where the synchronous plugin's see step n. Each step's outcome is recorded with the drafting depth
+    decided in its own schedule() (not the latest decision). Step times overlap (the next step is scheduled while
+    the current one runs), so ``step_ms`` is the time from a step's schedule() to its update_from_output, which
+    includes scheduling the next step, and ``between_steps`` and the draft fetch are not recorded. Off-steps need a
+    synchronous pass on the workers under async scheduling (`policies._off_steps`), so the drafter runs every step.
+    Everything else is `PeagleScheduler`'s.
+
+    Tested against vLLM's real scheduler classes with a fake engine core on CPU (tests/test_async_depth.py); the CPU
+    build forces async scheduling off, so no real engine has run it.
     """
