@@ -13,8 +13,11 @@ concurrency, so the cap does not bind), with vLLM's default max_num_batched_toke
 a K of the space. Anything else gets a fresh launch of its own (`VLLMBackend`).
 
 An engine started at K_max is not one started at K: parallel drafting reserves K_max extra KV slots per request at
-init, and CUDA graphs are captured for K_max shapes. `InLaunchBackend.confirm` therefore launches the recommended
-config fresh, so what is exported is what was measured; `benchmarks/bench_in_launch.py` compares the two.
+init, and CUDA graphs are captured for K_max shapes (FULL graphs replay only for uniform 1 + K_max decode steps: a
+phase below K_max runs PIECEWISE, ``extra["in_launch"]["graph_mode"]``). `InLaunchBackend.confirm` therefore
+launches the recommended config fresh (with FULL graphs, the candidates within the PIECEWISE spread of it too:
+`autotune.search.confirm`), so what is exported is what was measured; `benchmarks/bench_in_launch.py` compares the
+two.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from autotune.backends.vllm import VLLMBackend, select_requests
 from autotune.engine import EngineOptions, measured_provenance, require_vllm
 from autotune.errors import ConfigError
 from autotune.measurement import FailureKind, Measurement, Provenance
+from autotune.search.confirm import figure_graph_mode
 from autotune.spec import Method, Scenario, SpecConfig
 from autotune.workloads import Workload
 
@@ -173,10 +177,13 @@ class InLaunchBackend(Backend):
             m.extra["in_launch"] = dict(launch.info)
             return m
         k = config.k if config.speculative else 0
+        launch_k = self.k_max if key.drafter is not None else 0
         extra: dict[str, Any] = {
             "mode": "offline",
             "engine_max_num_seqs": self.engine_max_num_seqs,
-            "in_launch": {**launch.info, "depth": k},
+            # FULL graphs replay only at the launch's K: a phase below it ran PIECEWISE (`autotune.search.confirm`).
+            "in_launch": {**launch.info, "depth": k,
+                          "graph_mode": figure_graph_mode(launch.provenance.cudagraph_mode, k, launch_k)},
         }
         return self.fresh.measurement(config, scenario, launch.provenance, launch.reports[(k, scenario)], extra)
 
@@ -194,6 +201,8 @@ class InLaunchBackend(Backend):
         self._count += 1
         m = self.fresh.measure(config, workload, scenario)
         m.extra["in_launch"] = None
+        k = config.k if config.speculative else 0
+        m.extra["graph_mode"] = figure_graph_mode(m.provenance.cudagraph_mode, k, k)
         return m
 
     def _phases(self, workload: Workload, depths: Sequence[int]) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -406,13 +406,21 @@ def short_model_arg(model: str) -> str:
 
 
 def _confirmation_text(note: dict[str, Any]) -> str:
-    """One line on the fresh launch that confirmed an in-launch best config."""
+    """One line on the fresh launches that confirmed an in-launch pick (`autotune.search.study.Search`)."""
     fresh, in_launch = note.get("fresh_tokens_per_s"), note.get("in_launch_tokens_per_s")
     figures = (f"{fresh:.1f} tok/s in a fresh launch against {in_launch:.1f} in its drafter's launch "
                f"({fresh / in_launch:.2f}x)" if fresh and in_launch else "the fresh launch failed")
+    candidates = note.get("candidates") or []
+    among = ""
+    if len(candidates) > 1:
+        among = (f" Picked on fresh launches of {note.get('launches')} of {len(candidates)} candidates (in-launch "
+                 f"best {note.get('in_launch_best')}; with {note.get('graph_mode')} graphs the in-launch figures "
+                 "below K_max ran PIECEWISE).")
+    if note.get("recommended") == "kept":
+        return f"{note.get('config')} kept: its figure needs no fresh launch and no candidate beat it.{among}"
     if note.get("recommended") == "confirmed":
-        return f"{note.get('config')} confirmed: {figures}; the fresh figure is the one stored and exported."
-    return f"{note.get('config')} not confirmed ({note.get('why')}): no speculation is recommended instead."
+        return f"{note.get('config')} confirmed: {figures}; the fresh figure is the one stored and exported.{among}"
+    return f"{note.get('config')} not confirmed ({note.get('why')}): no speculation is recommended instead.{among}"
 
 
 def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
@@ -472,5 +480,6 @@ def run_dict(run: SearchRun) -> dict[str, Any]:
         "strategy": run.strategy,
         "notes": run.notes,
         "engine_launches": sum(r.engine_launches for r in run.results) if run.launches_engines else 0,
+        "planned_launches": run.planned_launches,
         "scenarios": [result_dict(r, run.launches_engines) for r in run.results],
     }

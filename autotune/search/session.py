@@ -20,7 +20,8 @@ from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.engine import EngineOptions, vllm_available
-from autotune.errors import UsageError
+from autotune.errors import ConfigError, UsageError
+from autotune.search.confirm import MAX_CANDIDATES, extra_confirmation_launches
 from autotune.search.machine import (
     Checkpoints,
     check_fit,
@@ -38,8 +39,9 @@ from autotune.search.result import ScenarioResult
 from autotune.search.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file
 from autotune.search.strategy import Strategy
 from autotune.search.study import Search
-from autotune.spec import Scenario
+from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
+from policies._graphs import PIECEWISE_PENALTY_SHARE
 from store import Store
 
 DEFAULT_K_MAX = 8
@@ -103,6 +105,8 @@ class SearchRun:
     notes: list[str]
     launches_engines: bool = False
     """Each measurement launched an engine (`Capabilities.launches_engines`): launch counts mean something."""
+    planned_launches: dict[str, int] | None = None
+    """In-launch measurement: the engine launches the plan counted, at most (`SearchPlan.planned_launches`)."""
 
     @property
     def infeasible(self) -> list[ScenarioResult]:
@@ -126,6 +130,10 @@ class SearchPlan:
     checkpoints: Checkpoints | None = None
     """What the engines load (vllm backend); `run` downloads what is missing first."""
     no_download: bool = False
+    planned_launches: dict[str, int] | None = None
+    """In-launch measurement: the engine launches planned, at most: ``in_launch`` (one per drafter and drafting
+    mode, and one without speculation), ``confirmation`` (one per concurrency), ``confirmation_graphs`` (what FULL
+    CUDA graphs add: `autotune.search.confirm`), ``own`` (configs outside a drafter's launch), ``total``."""
 
     def run(self, run_scenario: ScenarioRunner | None = None) -> SearchRun:
         """Download what the engines need (unless --no-download), then search every scenario in order and store
@@ -139,7 +147,8 @@ class SearchPlan:
                 search.recommend(result, self.environment)
             results.append(result)
         return SearchRun(results, self.model, self.workload.name, self.device, self.backend.name, self.objective,
-                         self.strategy.name, self.notes, self.backend.capabilities.launches_engines)
+                         self.strategy.name, self.notes, self.backend.capabilities.launches_engines,
+                         self.planned_launches)
 
 
 def _comparable(value: Any) -> Any:
@@ -325,26 +334,51 @@ def _scenario(kind: str, concurrency: int, workload: Workload) -> Scenario:
 
 def _in_launch(
     fresh: Backend, spaces: list[SearchSpace], scenarios: list[Scenario], workload: Workload, notes: list[str]
-) -> tuple[Backend, int, int]:
-    """`fresh` (a `VLLMBackend`) wrapped so every static K of a drafter is measured in one launch, the launches
-    that measure in-launch, and how many configs need a launch of their own; says the launches it plans in
-    `notes`."""
+) -> tuple[Backend, dict[str, int]]:
+    """`fresh` (a `VLLMBackend`) wrapped so every static K of a drafter is measured in one launch, and the launches
+    it plans (`SearchPlan.planned_launches`), which it also says in `notes`."""
     from autotune.backends.in_launch import InLaunchBackend
     from autotune.backends.vllm import VLLMBackend
 
     assert isinstance(fresh, VLLMBackend)
     ks = range(min(s.k_min for s in spaces), max(s.k_max for s in spaces) + 1)
     backend = InLaunchBackend(fresh, scenarios, ks, workload)
-    shared, own = backend.planned_launches([(sc, sp.grid()) for sc, sp in zip(scenarios, spaces, strict=True)])
+    grids = [(sc, sp.grid()) for sc, sp in zip(scenarios, spaces, strict=True)]
+    shared, own = backend.planned_launches(grids)
+    speculative = [c for _, grid in grids for c in grid if c.speculative]
+    mode = _fresh_graph_mode(fresh, speculative[0]) if speculative else None
+    below = [sum(1 for c in grid if c.speculative and c.k < backend.k_max) for _, grid in grids]
+    extra = extra_confirmation_launches(mode, below)
+    confirm = (
+        f" + up to {extra} more: with {mode} CUDA graphs a figure below K_max ran PIECEWISE in its drafter's launch "
+        f"(fresh at its K it runs FULL, up to {PIECEWISE_PENALTY_SHARE:.0%} faster), so up to {MAX_CANDIDATES} "
+        "configs within that spread of each concurrency's best are launched fresh and the pick is made on those "
+        "figures." if extra else "."
+    )
     notes.append(
         f"Launches planned: {shared} (one per drafter and drafting mode at K_max={backend.k_max}, measuring every K "
         f"at every concurrency, and one without speculation) + up to {len(scenarios)} to confirm each "
-        "concurrency's best config in a fresh launch of exactly that config."
+        f"concurrency's best config in a fresh launch of exactly that config{confirm}"
     )
     if own:
         notes.append(f"{own} configs fall outside a drafter's launch (max_num_seqs below the concurrency, "
                      "max_num_batched_tokens): one launch each if the search measures them.")
-    return backend, shared, own
+    return backend, {"in_launch": shared, "confirmation": len(scenarios), "confirmation_graphs": extra,
+                     "own": own, "total": shared + len(scenarios) + extra + own}
+
+
+def _fresh_graph_mode(fresh: Backend, config: SpecConfig) -> str | None:
+    """The CUDA-graph mode vLLM will run a fresh launch of `config` with (`autotune.engine.predict_variant`);
+    None when the engine's environment makes it unpredictable (vLLM then fails with its own message)."""
+    from autotune.backends.vllm import VLLMBackend
+    from autotune.engine import predict_variant
+
+    assert isinstance(fresh, VLLMBackend)
+    try:
+        return predict_variant(fresh.options.engine_args(config, engine_paths=False),
+                               fresh.options.process_env()).cudagraph_mode
+    except ConfigError:
+        return None
 
 
 def _predicted_memory(backend: Backend, specs: list[Any], workload: Workload, concurrency: int) -> list[str]:
@@ -453,12 +487,12 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         _refuse_what_cannot_fit(backend, spaces, scenarios, workload)
         notes += _predicted_memory(backend, specs, workload, max(options.concurrencies))
     all_in_launch = False
+    planned: dict[str, int] | None = None
     if in_launch:
-        backend, shared, own = _in_launch(backend, spaces, scenarios, workload, notes)
-        all_in_launch = own == 0
+        backend, planned = _in_launch(backend, spaces, scenarios, workload, notes)
+        all_in_launch = planned["own"] == 0
         assert found is not None
-        launches = shared + len(options.concurrencies) + own
-        notes.append(f"Time: {launch_estimate(launches, found, environment['gpu_count'] > 0)}.")
+        notes.append(f"Time: {launch_estimate(planned['total'], found, environment['gpu_count'] > 0)}.")
     strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler, all_in_launch),
                              options.sampler)
     hypothetical = [d.name for d in drafters if d.hypothetical]
@@ -491,7 +525,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         for scenario, space in zip(scenarios, spaces, strict=True)
     ]
     return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
-                      searches, found if kind == "vllm" else None, options.no_download)
+                      searches, found if kind == "vllm" else None, options.no_download, planned)
 
 
 def run_search(store: Store, options: SearchOptions, run_scenario: ScenarioRunner | None = None) -> SearchRun:

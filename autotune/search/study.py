@@ -27,6 +27,7 @@ from autotune.backends.base import Backend
 from autotune.errors import StudyStorageError, UsageError
 from autotune.measurement import Measurement
 from autotune.search import depths
+from autotune.search.confirm import Figure, candidate_note, confirmation_candidates, in_launch_spread
 from autotune.search.coordination import (
     STORAGE_ERRORS,
     ClaimLock,
@@ -47,7 +48,7 @@ from autotune.search.result import ScenarioResult, summarize
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import BlackboxStrategy
 from autotune.search.strategy import ProfileProvider, Strategy, StrategyContext
-from autotune.search.trials import ATTR, counted, slim, state_counts, trial_config
+from autotune.search.trials import ATTR, counted, slim, state_counts, trial_config, trial_info, trial_measurement
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
 from store import MAX_NAME_CHARS, Store, StoreError, normalize_db_url
@@ -538,9 +539,7 @@ class Search:
         result.strategy_report = report
         result.profile_launches = int(report.get("profile_launches", 0))
         if result.feasible:
-            confirmed = self._confirmation(run, result.best.config)
-            if confirmed is not None:
-                self._confirm(result, confirmed)
+            self._confirm_pick(run, trials, result)
         config = result.best.config
         if result.feasible and config.speculative:
             result.schedule = depths.depth_schedule(
@@ -564,10 +563,48 @@ class Search:
             run.study.set_user_attr(key, slim(fresh))
         return fresh
 
-    def _confirm(self, result: ScenarioResult, fresh: Measurement) -> None:
-        """Recommend `fresh` (the best config launched as it would be served) in place of its in-launch figure; if
-        that launch failed, misses the SLOs or loses to no speculation, recommend no speculation instead."""
-        in_launch = result.best
+    def _confirm_pick(self, run: _Run, trials: Sequence[FrozenTrial], result: ScenarioResult) -> None:
+        """Confirm the pick in fresh launches (`Backend.confirm`): the best config, and where in-launch figures are
+        estimates (FULL CUDA graphs, `autotune.search.confirm`) the configs within their spread of it, at most
+        `MAX_CANDIDATES`. The pick is then made on the fresh figures (a candidate that needs no launch keeps its
+        own), and `_confirm` recommends it, or no speculation when it fails, misses the SLOs or loses to that."""
+        best = result.best
+        figures: dict[SpecConfig, Measurement] = {}
+        for t in trials:
+            if t.state != TrialState.COMPLETE or trial_info(t).get("duplicate_of") is not None:
+                continue
+            m = trial_measurement(t)
+            if m is not None and m.config != best.config and self.objective.score(m) is not None:
+                figures.setdefault(m.config, m)
+        figures[best.config] = best
+        ranked = [Figure(c, score, in_launch_spread(m)) for c, m in figures.items()
+                  if (score := self.objective.score(m, check_slos=False)) is not None]
+        candidates = confirmation_candidates(ranked, best.config)
+        launched = {c: fresh for c in candidates if (fresh := self._confirmation(run, c)) is not None}
+        if not launched:
+            return
+        served = {c: launched.get(c, figures[c]) for c in candidates}
+        scores = {c: self.objective.score(m) for c, m in served.items()}
+        pick = max((c for c in candidates if scores[c] is not None), key=lambda c: scores[c] or 0.0,
+                   default=best.config)
+        if pick in launched:
+            self._confirm(result, figures[pick], launched[pick])
+        else:  # its figure needs no fresh launch (no speculation, or measured fresh) and beat every fresh candidate
+            result.best = served[pick]
+            result.confirmation = {"config": pick.label(), "in_launch_tokens_per_s": None,
+                                   "fresh_tokens_per_s": served[pick].output_tokens_per_s, "fresh_ok": True,
+                                   "recommended": "kept"}
+        note = result.confirmation
+        assert note is not None
+        note["launches"] = len(launched)  # fresh launches made (a re-run reads them back from the study)
+        if len(candidates) > 1:
+            note["graph_mode"] = best.provenance.cudagraph_mode
+            note["in_launch_best"] = best.config.label()
+            note["candidates"] = [candidate_note(figures[c], launched.get(c)) for c in candidates]
+
+    def _confirm(self, result: ScenarioResult, in_launch: Measurement, fresh: Measurement) -> None:
+        """Recommend `fresh` (a config launched as it would be served) in place of its in-launch figure; if that
+        launch failed, misses the SLOs or loses to no speculation, recommend no speculation instead."""
         note: dict[str, Any] = {
             "config": in_launch.config.label(),
             "in_launch_tokens_per_s": in_launch.output_tokens_per_s,
