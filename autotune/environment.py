@@ -40,25 +40,53 @@ def package_version(import_name: str, candidates: tuple[str, ...] = ()) -> str |
     return None
 
 
-def _visible_indices() -> set[str] | None:
-    """GPU indices named by CUDA_VISIBLE_DEVICES, or None when it does not restrict them by index."""
+def _visible() -> set[str] | None:
+    """The devices CUDA_VISIBLE_DEVICES names (indices, ``GPU-...`` or ``MIG-...`` UUIDs), or None when it is unset."""
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
-    parts = [p.strip() for p in raw.split(",") if p.strip()]
-    if not all(p.isdigit() for p in parts):
-        return None  # UUIDs or MIG names: count every GPU NVML lists
-    return set(parts)
+    return {p.strip() for p in raw.split(",") if p.strip()}
 
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _call(pynvml: Any, name: str, *args: Any) -> Any:
+    """``pynvml.<name>(*args)``, or None when this nvidia-ml-py lacks it or NVML does not support it here (MIG calls
+    on a GPU without MIG answer NVML_ERROR_NOT_SUPPORTED)."""
+    function = getattr(pynvml, name, None)
+    if function is None:
+        return None
+    try:
+        return function(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def _memory(pynvml: Any, handle: Any) -> int | None:
+    info = _call(pynvml, "nvmlDeviceGetMemoryInfo", handle)
+    return int(info.total) if info is not None else None
+
+
+def _mig_slices(pynvml: Any, handle: Any) -> list[Any] | None:
+    """The MIG devices of GPU `handle` when MIG is on (``nvmlDeviceGetMigMode`` current mode 1), else None: under
+    MIG the parent reports the whole card's memory, while a CUDA process runs in one slice with that slice's
+    memory (and a GPU in MIG mode without slices offers CUDA nothing)."""
+    mode = _call(pynvml, "nvmlDeviceGetMigMode", handle)
+    if not mode or mode[0] != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return None
+    count = _call(pynvml, "nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+    slices = (_call(pynvml, "nvmlDeviceGetMigDeviceHandleByIndex", handle, i) for i in range(count))
+    return [s for s in slices if s is not None]  # empty slots answer NVML_ERROR_NOT_FOUND
+
+
 def _nvml_gpus() -> list[dict[str, Any]]:
     """GPUs as NVML names them (``"NVIDIA H100 80GB HBM3"``, the names nvidia-smi prints), with their total memory
-    in bytes (None when NVML does not say) and the driver version; [] when NVML cannot be used here (nvidia-ml-py
-    not installed, no NVIDIA driver)."""
+    in bytes (None when NVML does not say), the driver version and the UUID; [] when NVML cannot be used here
+    (nvidia-ml-py not installed, no NVIDIA driver). A GPU in MIG mode is listed as its MIG slices (index
+    ``"0:1"``: GPU 0, slice 1), each with its own name and memory. CUDA_VISIBLE_DEVICES (indices or UUIDs of GPUs
+    or MIG slices) filters them."""
     try:
         import pynvml
     except ImportError:
@@ -72,12 +100,18 @@ def _nvml_gpus() -> list[dict[str, Any]]:
         gpus: list[dict[str, Any]] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = _text(pynvml.nvmlDeviceGetName(handle))
-            try:
-                memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            except pynvml.NVMLError:
-                memory = None
-            gpus.append({"index": str(i), "name": name, "driver": driver, "memory_bytes": memory})
+            uuid = _call(pynvml, "nvmlDeviceGetUUID", handle)
+            parent = {"index": str(i), "uuid": _text(uuid) if uuid is not None else None}
+            slices = _mig_slices(pynvml, handle)
+            if slices is None:
+                gpus.append({"index": str(i), "name": _text(pynvml.nvmlDeviceGetName(handle)), "driver": driver,
+                             "memory_bytes": _memory(pynvml, handle), "uuid": parent["uuid"]})
+                continue
+            for j, mig in enumerate(slices):
+                mig_uuid = _call(pynvml, "nvmlDeviceGetUUID", mig)
+                gpus.append({"index": f"{i}:{j}", "name": _text(pynvml.nvmlDeviceGetName(mig)), "driver": driver,
+                             "memory_bytes": _memory(pynvml, mig),
+                             "uuid": _text(mig_uuid) if mig_uuid is not None else None, "parent": parent})
     except pynvml.NVMLError:
         return []
     finally:
@@ -85,8 +119,10 @@ def _nvml_gpus() -> list[dict[str, Any]]:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
-    visible = _visible_indices()
-    return [g for g in gpus if visible is None or g["index"] in visible]
+    visible = _visible()
+    if visible is None:
+        return gpus
+    return [g for g in gpus if visible & {g["index"], g["uuid"], *(g.get("parent") or {}).values()} - {None}]
 
 
 def detect_environment() -> dict[str, Any]:
@@ -102,9 +138,10 @@ def detect_environment() -> dict[str, Any]:
 
 
 def detect_gpus() -> list[dict[str, Any]]:
-    """This machine's visible NVIDIA GPUs, from NVML: ``index`` and ``name`` (str), ``driver`` (str) and
-    ``memory_bytes`` (the device's total memory, int, or None when NVML does not report it); [] when NVML cannot
-    be loaded (no NVIDIA GPU or driver, nvidia-ml-py missing). CUDA_VISIBLE_DEVICES given as indices filters them.
+    """This machine's visible NVIDIA GPUs, from NVML: ``index`` and ``name`` (str), ``driver`` (str),
+    ``memory_bytes`` (the device's total memory, int, or None when NVML does not report it) and ``uuid``; [] when
+    NVML cannot be loaded (no NVIDIA GPU or driver, nvidia-ml-py missing). A GPU in MIG mode counts as its slices,
+    each with its own memory (``parent``: the GPU's index and UUID). CUDA_VISIBLE_DEVICES filters them.
     Example: ``[{"index": "0", "name": "NVIDIA H100 80GB HBM3", "driver": "570.86.15", "memory_bytes": 85520809984}]``.
     """
     return _nvml_gpus()

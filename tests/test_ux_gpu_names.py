@@ -68,7 +68,8 @@ def test_search_accepts_an_nvidia_smi_name_and_says_which_gpu(tmp_path: Any) -> 
 
     from autotune.cli import main
 
-    result = CliRunner().invoke(main, ["search", "--model", "gpt-oss-120b", "--gpu", "NVIDIA H100 PCIe",
+    # gpt-oss-20b: vLLM would not start gpt-oss-120b on one 80 GB card (autotune.fit), which is not the point here.
+    result = CliRunner().invoke(main, ["search", "--model", "gpt-oss-20b", "--gpu", "NVIDIA H100 PCIe",
                                        "--concurrency", "1", "--max-k", "2", "--trials", "5", "--json",
                                        "--db", str(tmp_path / "p.db")])
     assert result.exit_code == 0, result.output
@@ -185,3 +186,76 @@ def test_available_ram_is_memavailable(tmp_path: Any) -> None:
     meminfo.write_text("MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
     assert environment.available_ram_bytes(meminfo) == 20_000_000 * 1024
     assert (environment.available_ram_bytes(tmp_path / "absent") or 0) > 0  # os.sysconf's free pages
+
+
+# --------------------------------------------------------------------------------------------------- MIG (issue 39.8)
+_A100_BYTES = 81_920 * 2**20  # NVML's total of an A100-SXM4-80GB
+_SLICE_BYTES = 40_192 * 2**20  # NVML's total of one 3g.40gb MIG slice of it (nvidia-smi: 40192MiB)
+
+
+def _fake_mig_pynvml() -> types.ModuleType:
+    """NVML as it answers for one A100 80GB in MIG mode with two 3g.40gb slices (of 7 possible slots): the parent
+    reports the whole card; MIG handles report their slice; empty slots raise NVML_ERROR_NOT_FOUND."""
+    module = types.ModuleType("pynvml")
+    module.NVMLError = _NVMLError  # type: ignore[attr-defined]
+    module.NVML_DEVICE_MIG_ENABLE = 1  # type: ignore[attr-defined]
+    parent = "gpu0"
+    slices = {0: "mig0", 1: "mig1"}
+    names = {parent: "NVIDIA A100-SXM4-80GB", "mig0": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+             "mig1": "NVIDIA A100-SXM4-80GB MIG 3g.40gb"}
+    uuids = {parent: "GPU-5c1d8b2e-0000-0000-0000-000000000000", "mig0": "MIG-0b1a2c3d-1111-1111-1111-111111111111",
+             "mig1": "MIG-9e8f7a6b-2222-2222-2222-222222222222"}
+
+    def mig_handle(handle: str, index: int) -> str:
+        if handle != parent or index not in slices:
+            raise _NVMLError("Not Found")
+        return slices[index]
+
+    def mig_mode(handle: str) -> tuple[int, int]:
+        if handle != parent:
+            raise _NVMLError("Not Supported")
+        return (1, 1)  # (current, pending): enabled
+
+    module.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    module.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    module.nvmlSystemGetDriverVersion = lambda: "550.54.15"  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: 1  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = lambda i: parent  # type: ignore[attr-defined]
+    module.nvmlDeviceGetName = lambda h: names[h]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetUUID = lambda h: uuids[h]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = (  # type: ignore[attr-defined]
+        lambda h: types.SimpleNamespace(total=_A100_BYTES if h == parent else _SLICE_BYTES, free=1, used=2))
+    module.nvmlDeviceGetMigMode = mig_mode  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
+    return module
+
+
+def test_under_mig_each_slice_is_a_gpu_with_its_own_memory(fresh: pytest.MonkeyPatch) -> None:
+    fresh.setitem(sys.modules, "pynvml", _fake_mig_pynvml())
+    gpus = environment.detect_gpus()
+    assert [(g["index"], g["name"], g["memory_bytes"]) for g in gpus] == [
+        ("0:0", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", _SLICE_BYTES),
+        ("0:1", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", _SLICE_BYTES),
+    ]
+    # CUDA_VISIBLE_DEVICES naming one slice by its UUID (what `nvidia-smi -L` prints) leaves that slice.
+    fresh.setenv("CUDA_VISIBLE_DEVICES", "MIG-9e8f7a6b-2222-2222-2222-222222222222")
+    assert [g["index"] for g in environment.detect_gpus()] == ["0:1"]
+    # The parent's index or UUID leaves all its slices.
+    fresh.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert [g["index"] for g in environment.detect_gpus()] == ["0:0", "0:1"]
+
+
+def test_the_fit_under_mig_uses_the_slice_memory(fresh: pytest.MonkeyPatch) -> None:
+    from autotune.search.machine import Checkpoints, check_fit
+
+    fresh.setitem(sys.modules, "pynvml", _fake_mig_pynvml())
+    # A 16 GB bf16 model (Llama-3-8B-shaped): one slice of 0.92 x 42.1 GB = 38.8 GB holds it; the check says 42.1 GB,
+    # not the card's 85.9 GB.
+    target = types.SimpleNamespace(name="org/llama-8b", weight_bytes=16_060_000_000, config={
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128})
+    memory = check_fit(Checkpoints(target=target), environment.detect_gpus(), seqs=8, tokens=8192,
+                       tensor_parallel_size=1, gpu_memory_utilization=None, cpu_kv_cache_gib=None)
+    assert memory is not None and memory.fits
+    assert memory.per_device_budget == int(0.92 * _SLICE_BYTES)
+    assert "0.92 x 42.1 GB = 38.8 GB on one NVIDIA A100-SXM4-80GB MIG 3g.40gb" in memory.message
