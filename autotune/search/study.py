@@ -591,8 +591,8 @@ class Search:
             self._confirm(result, figures[pick], launched[pick])
         else:  # its figure needs no fresh launch (no speculation, or measured fresh) and beat every fresh candidate
             result.best = served[pick]
-            result.confirmation = {"config": pick.label(), "in_launch_tokens_per_s": None,
-                                   "fresh_tokens_per_s": served[pick].output_tokens_per_s, "fresh_ok": True,
+            result.confirmation = {"config": pick.label(), "tokens_per_s": served[pick].output_tokens_per_s,
+                                   "in_launch_tokens_per_s": None, "fresh_tokens_per_s": None, "fresh_ok": None,
                                    "recommended": "kept"}
         note = result.confirmation
         assert note is not None
