@@ -143,7 +143,8 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
 def describe(recommendation: Mapping[str, Any]) -> list[str]:
     """What an export holds, in two lines: the recommendation (id, model, GPU, workload, objective, concurrency,
     its SLOs if any: `autotune.selection.slo_words`) and its config and figures (tokens/s, speedup over no
-    speculation, measured or predicted). Example::
+    speculation, measured or predicted); a third names the deployment measured figures come from
+    (`deployment_line`), when recorded. Example::
 
         recommendation #3: openai/gpt-oss-120b on NVIDIA H200 SXM 141GB, mt-bench, throughput, concurrency 64
         amazon/gpt-oss-120b-p-eagle (4L), parallel drafting, K=4, max_num_seqs=64: 6509.8 tok/s, 1.72x vs no
@@ -177,7 +178,16 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
         figures.append(f"{speedup:.2f}x vs no speculation")
     kind = provenance.get("kind")
     source = f"{kind} by the {provenance.get('backend')} backend" if kind else "figures of unknown origin"
-    return [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
+    lines = [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
+    deployment = deployment_line(recommendation)
+    return lines if deployment is None else [*lines, deployment]
+
+
+def deployment_line(recommendation: Mapping[str, Any]) -> str | None:
+    """"Figures measured in vllm serve (async, V2)." (`autotune.measurement.Provenance.deployment`); None when the
+    figures record none (predicted, or stored before it was recorded)."""
+    deployment = (recommendation.get("provenance") or {}).get("deployment")
+    return f"Figures measured in {deployment}." if deployment else None
 
 
 def _schedule(config: SpecConfig, recommendation: Mapping[str, Any]) -> str:
@@ -236,6 +246,7 @@ def _policy_header(recommendation: Mapping[str, Any]) -> str:
         f"Figures {provenance.get('kind', '?')} by the {provenance.get('backend', '?')} backend for "
         f"{provenance.get('device', '?')}" + (f" from {provenance['profile']}" if provenance.get("profile") else "")
         + ".",
+        *filter(None, [deployment_line(recommendation)]),
         "Load with policies.load_policy(path); serve with `peagle-tune serve`.",
     ]
     schedule = recommendation.get("schedule") or []

@@ -81,9 +81,10 @@ def export(
     def say(line: str, style: str | None = None) -> None:
         err_console.print(line, style=style, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
 
-    first, second = describe(record)
+    first, *rest = describe(record)
     say(f"Exporting {fmt} of {first}")
-    say(f"  {second}")
+    for line in rest:  # the config and its figures; where they were measured, when recorded
+        say(f"  {line}")
     others = [e for e in choice.search if e.id != rec.id]
     if fmt == "schedule" and rec_id is None and concurrency is None and others:
         say(f"  The highest concurrency of its search ({search_words(choice)}): its schedule covers every load "

@@ -45,6 +45,24 @@ def log_sigma_of(metrics: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
+def deployment_note(figures: Iterable[tuple[str, str | None]], what: str = "Measured") -> str | None:
+    """The deployment figures were measured in (`autotune.measurement.Provenance.deployment`), as a note under a
+    table: ``(label, deployment)`` per figure, e.g. ``("c=8", "vllm serve (async, V2)")``; None when no figure records
+    one (predictions, rows stored before it was). One deployment: "Measured in vllm serve (async, V2)."; several:
+    each with the labels of its figures, "Measured in peagle-tune serve (sync, V1) (c=1, c=8); vllm serve (sync,
+    V1) (c=64)."
+    """
+    by: dict[str, list[str]] = {}
+    for label, deployment in figures:
+        if deployment:
+            by.setdefault(deployment, []).append(label)
+    if not by:
+        return None
+    if len(by) == 1:
+        return f"{what} in {next(iter(by))}."
+    return f"{what} in " + "; ".join(f"{d} ({', '.join(labels)})" for d, labels in by.items()) + "."
+
+
 #: The key's words for a speedup's range.
 RANGE_KEY = "(low-high): predicted range, one sigma of the calibration."
 

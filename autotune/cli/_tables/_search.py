@@ -12,6 +12,7 @@ from rich.table import Table
 from autotune.cli._tables._cells import (
     QUEUE_LEGEND,
     RANGE_KEY,
+    deployment_note,
     drafter_cell,
     drafters_legend,
     fmt,
@@ -119,7 +120,16 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
     rise = speedup_rise_note((r.scenario.concurrency, s, measurement_metrics(r.best).get("step_breakdown_ms"))
                              for r, s, _sigma in speedups if r.feasible)
     return titled(results_title(run), table, legend, key, out_of_cell, rise, QUEUE_LEGEND if queued else None,
-                  slo_note(run))
+                  slo_note(run), *deployment_notes(run))
+
+
+def deployment_notes(run: SearchRun) -> list[str | None]:
+    """What deployment the recommended figures were measured in (`deployment_note`), and the no-speculation
+    baselines' where that differs from their scenario's recommended figure ("vs none" then compares two engines)."""
+    best = deployment_note((f"c={r.scenario.concurrency}", r.best.provenance.deployment) for r in run.results)
+    other = [(f"c={r.scenario.concurrency}", r.baseline.provenance.deployment) for r in run.results
+             if r.baseline is not None and r.baseline.provenance.deployment != r.best.provenance.deployment]
+    return [best, deployment_note(other, "vs none: baseline measured")]
 
 
 def step_table(run: SearchRun) -> Group | None:

@@ -19,6 +19,7 @@ from autotune.cli._tables._cells import (
     RANGE_KEY,
     config_cell,
     cut_middle,
+    deployment_note,
     drafter_cell,
     drafter_name,
     drafters_legend,
@@ -55,20 +56,22 @@ def _k(config: SpecConfig | None) -> str:
 
 
 def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> RenderableType:
-    """Stored recommendations, one small table per model, GPU, workload, objective and kind of figures (predicted or
-    measured), newest group first: id, concurrency, drafter, PD, K, max_num_seqs, tokens/s, speedup over no
-    speculation, date."""
+    """Stored recommendations, one small table per model, GPU, workload, objective, kind of figures (predicted or
+    measured) and deployment measured in (named below the table), newest group first: id, concurrency, drafter, PD,
+    K, max_num_seqs, tokens/s, speedup over no speculation, date."""
     if not rows:
         return Text("No recommendations stored yet: run `peagle-tune search --model MODEL`.")
-    groups: dict[tuple[str, str, str, str, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, str, str, str], list[Mapping[str, Any]]] = {}
     for row in rows:
-        kind = str((row.get("provenance") or {}).get("kind", "unknown"))
-        key = (str(row.get("model")), str(row.get("gpu")), str(row.get("workload_name")), objective_label(row), kind)
+        provenance = row.get("provenance") or {}
+        kind = str(provenance.get("kind", "unknown"))
+        key = (str(row.get("model")), str(row.get("gpu")), str(row.get("workload_name")), objective_label(row), kind,
+               str(provenance.get("deployment") or ""))
         groups.setdefault(key, []).append(row)
     parts: list[RenderableType] = []
     cols = ["#", "c", "drafter", "PD", "K", "seqs", "tok/s", "vs none", "stored"]
     hypothetical_seen = False
-    for (model, gpu, workload, objective, kind), items in groups.items():
+    for (model, gpu, workload, objective, kind, deployment), items in groups.items():
         title = f"{model if wide else model_alias(model)} on {gpu if wide else short_gpu(gpu)}, {workload}, " \
             f"{objective} ({kind})"
         ordered = sorted(items, key=lambda r: (-int((r.get("scenario") or {}).get("concurrency") or 0),
@@ -95,7 +98,8 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
         slo = slo_words(items[0])
         parts.append(titled(title, table, None if wide else drafters_legend(configs, model),
                             f"vs none {RANGE_KEY}" if in_cell else out_of_cell, rise,
-                            f"SLO: {slo}." if slo else None, QUEUE_LEGEND if queued else None))
+                            f"SLO: {slo}." if slo else None, QUEUE_LEGEND if queued else None,
+                            deployment_note([("", deployment)])))
         parts.append(Text(""))
     footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
     if hypothetical_seen:
