@@ -18,6 +18,11 @@ phase below K_max runs PIECEWISE, ``extra["in_launch"]["graph_mode"]``). `InLaun
 launches the recommended config fresh (with FULL graphs, the candidates within the PIECEWISE spread of it too:
 `autotune.search.confirm`), so what is exported is what was measured; `benchmarks/bench_in_launch.py` compares the
 two.
+
+Before its first measured phase a launch runs every (K, concurrency) it measures for a couple of decode steps
+(`autotune.profiling.shape_warmup`), so a first use (a Triton compile per drafting width on a GPU, the allocator
+growing) lands in no figure; a first phase still slower than the later ones of its shape is reported
+(``extra["in_launch"]["first_phase_outliers"]``, a warning line in the progress).
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class InLaunchBackend(Backend):
     configs that cannot be measured that way, and confirmations, go to `fresh` (one launch each).
 
     Args:
-        fresh: the `VLLMBackend` whose model, engine options and warm-up every launch uses.
+        fresh: the `VLLMBackend` whose model and engine options every launch uses.
         scenarios: the search's scenarios; each launch measures all of them.
         ks: the depths of the space; the engine is started at their maximum.
         workload: the search's workload (another workload gets fresh launches).
@@ -225,7 +230,14 @@ class InLaunchBackend(Backend):
         return phases, keys
 
     def _launch(self, key: DrafterKey, workload: Workload) -> _Launch:
-        from autotune.profiling import plugin_provenance, run_plugin_job
+        from autotune.profiling import (
+            first_phase_outliers,
+            outlier_warning,
+            plugin_provenance,
+            run_plugin_job,
+            shape_warmup,
+            warmup_cost,
+        )
         from policies.plugin import PluginConfig
 
         depths: Sequence[int] = self.ks if key.drafter is not None else (0,)
@@ -235,11 +247,12 @@ class InLaunchBackend(Backend):
         )
         seqs = self.engine_max_num_seqs
         phases, keys = self._phases(workload, depths)
-        # The fresh launch's warm-up: its first requests, cut to a few tokens by the job.
-        warmup = [{"class": c, **r.to_dict()} for c, r in workload.requests()[: self.fresh.warmup_requests]]
+        # Every (K, concurrency) the launch measures runs a couple of decode steps first (`shape_warmup`).
+        warmup = shape_warmup(workload.requests(), (s.concurrency for s in self.scenarios), depths)
         self._count += 1
         what = f"K_max={self.k_max}, K in {list(depths)}" if key.drafter is not None else "the baseline"
-        self.say(f"launching vLLM for {key.label()}: {what}, {len(phases)} phases")
+        self.say(f"launching vLLM for {key.label()}: {what}, {len(phases)} phases after a warm-up of "
+                 f"{warmup_cost(warmup)}")
         kwargs = self.fresh.options.llm_kwargs(config, max_num_seqs=seqs)
         provenance = plugin_provenance(self.fresh.options.llm_kwargs(config, max_num_seqs=seqs, engine_paths=False),
                                        self.fresh.options)
@@ -256,6 +269,10 @@ class InLaunchBackend(Backend):
             reason = run.failure_reason or "the engine failed"
             return _Launch(False, provenance, failure=(run.failure_kind or "engine_died", reason, run.log_tail),
                            info=info)
+        info["warmup"] = run.result.get("warmup", [])
+        info["first_phase_outliers"] = first_phase_outliers(run.result["phases"])
+        for outlier in info["first_phase_outliers"]:
+            self.say(outlier_warning(outlier))
         reports: dict[tuple[int, Scenario], dict[str, Any]] = {}
         for (k, scenario, cls), phase in zip(keys, run.result["phases"], strict=True):
             report = reports.setdefault((k, scenario), {"classes": {}, "timings": run.result.get("timings", {})})

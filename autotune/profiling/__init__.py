@@ -15,13 +15,22 @@ from __future__ import annotations
 
 from autotune.profiling._analysis import (
     acceptance_per_class,
+    first_phase_outliers,
     fit_cost_model,
     metrics_check,
+    outlier_warning,
     phase_totals,
     predictor_from_profile,
     step_cost_entries,
 )
-from autotune.profiling._plugin_run import EngineRun, plugin_provenance, run_plugin_job
+from autotune.profiling._plugin_run import (
+    EngineRun,
+    plan_warmup,
+    plugin_provenance,
+    run_plugin_job,
+    shape_warmup,
+    warmup_cost,
+)
 from autotune.profiling._predicted import predicted_goodput, predicted_step_costs, roofline_cost_model
 from autotune.profiling._profile import DEFAULT_CONCURRENCIES, DEFAULT_MAX_K, profile
 from autotune.profiling._result import ProfileResult, store_profile
@@ -32,9 +41,12 @@ __all__ = [
     "EngineRun",
     "ProfileResult",
     "acceptance_per_class",
+    "first_phase_outliers",
     "fit_cost_model",
     "metrics_check",
+    "outlier_warning",
     "phase_totals",
+    "plan_warmup",
     "plugin_provenance",
     "predicted_goodput",
     "predicted_step_costs",
@@ -42,6 +54,8 @@ __all__ = [
     "profile",
     "roofline_cost_model",
     "run_plugin_job",
+    "shape_warmup",
     "step_cost_entries",
     "store_profile",
+    "warmup_cost",
 ]

@@ -6,7 +6,8 @@ profile records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.engine import SPEC_FIELDS, add_positions, empty_snapshot
@@ -64,6 +65,53 @@ def metrics_check(plugin: Mapping[str, Any], vllm: Mapping[str, Any]) -> dict[st
         "plugin": {**{f: int(plugin[f]) for f in SPEC_FIELDS}, "accepted_per_position": p_pos},
         "vllm": {**{f: int(vllm[f]) for f in SPEC_FIELDS}, "accepted_per_position": v_pos},
     }
+
+
+def first_phase_outliers(phases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """First measured phases that ran slower than the later phases of their shape: a first use (a compile, the
+    allocator growing, cold caches) that the warm-up did not take out of the figures.
+
+    ``phases``: the worker's measured phases in launch order, with "concurrency", "max_k" (None: the launch's depth
+    or plan), "step_ms" (mean ``LLMEngine.step`` ms) and "step_ms_iqr". A shape is (concurrency, max_k). Its first
+    phase is an outlier when its mean step exceeds the median of the later phases' means by more than their spread:
+    the range of those means, or, when wider, the median interquartile range of their single steps (one later phase
+    has no range of means; a gap smaller than the spread of single steps is what a different mix of steps gives).
+    Shapes measured once are not judged. Returns [{"phase", "index", "concurrency", "max_k", "step_ms",
+    "later_median_ms", "spread_ms", "later_phases"}] in launch order.
+
+    Example: means 30, 10, 11 ms at one shape (IQRs 1 ms) -> the first is an outlier (30 > 10.5 + 1).
+    """
+    shapes: dict[tuple[int, Any], list[tuple[int, Mapping[str, Any]]]] = {}
+    for i, phase in enumerate(phases):
+        if phase.get("step_ms") is not None:
+            shapes.setdefault((int(phase["concurrency"]), phase.get("max_k")), []).append((i, phase))
+    out = []
+    for (concurrency, max_k), measured in shapes.items():
+        if len(measured) < 2:
+            continue
+        (index, first), later = measured[0], [p for _, p in measured[1:]]
+        means = [float(p["step_ms"]) for p in later]
+        iqrs = [float(p["step_ms_iqr"]) for p in later if p.get("step_ms_iqr") is not None]
+        spread = max(max(means) - min(means), statistics.median(iqrs) if iqrs else 0.0)
+        median = statistics.median(means)
+        if float(first["step_ms"]) > median + spread:
+            out.append({
+                "phase": first.get("name"), "index": index, "concurrency": concurrency, "max_k": max_k,
+                "step_ms": float(first["step_ms"]), "later_median_ms": median, "spread_ms": spread,
+                "later_phases": len(later),
+            })
+    return sorted(out, key=lambda o: int(o["index"]))
+
+
+def outlier_warning(outlier: Mapping[str, Any]) -> str:
+    """One line for the launch log: which first phase was slow, by how much, and what to do."""
+    depth = "" if outlier.get("max_k") is None else f", K={outlier['max_k']}"
+    return (
+        f"warning: the first measured phase at concurrency {outlier['concurrency']}{depth} ({outlier['phase']}) "
+        f"averaged {outlier['step_ms']:.1f} ms a step against {outlier['later_median_ms']:.1f} ms in the "
+        f"{outlier['later_phases']} later phase(s) of that shape (spread {outlier['spread_ms']:.1f} ms): a first use "
+        "landed in it; its figure is slow, measure again to confirm"
+    )
 
 
 def fit_cost_model(samples: list[StepSample], sequential: bool) -> StepCostModel | None:

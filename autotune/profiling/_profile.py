@@ -27,12 +27,26 @@ from autotune.catalogs import DrafterSpec, get_drafter
 from autotune.engine import EngineOptions, measured_provenance, require_vllm, spec_delta
 from autotune.environment import detect_environment
 from autotune.errors import BackendUnavailableError, ConfigError
-from autotune.profiling._analysis import acceptance_per_class, fit_cost_model, metrics_check, phase_totals
-from autotune.profiling._plugin_run import EngineRun, plugin_provenance, run_plugin_job
+from autotune.profiling._analysis import (
+    acceptance_per_class,
+    first_phase_outliers,
+    fit_cost_model,
+    metrics_check,
+    outlier_warning,
+    phase_totals,
+)
+from autotune.profiling._plugin_run import (
+    EngineRun,
+    plan_warmup,
+    plugin_provenance,
+    run_plugin_job,
+    shape_warmup,
+    warmup_cost,
+)
 from autotune.profiling._result import ProfileResult, store_profile
 from autotune.profiling._turns import Turns, take_turns
 from autotune.spec import MAX_K, Method, SpecConfig
-from autotune.workloads import Workload
+from autotune.workloads import Workload, WorkloadRequest
 from policies import StepSample
 from policies.plugin import DepthPlan, PluginConfig, PluginStats
 
@@ -59,7 +73,9 @@ class _Launches:
 
     model: str
     phases: list[dict[str, Any]]
-    warmup: list[dict[str, Any]]
+    pool: list[tuple[str, WorkloadRequest]]
+    """The workload's requests, classes interleaved: what the warm-up runs."""
+    concurrencies: tuple[int, ...]
     max_num_seqs: int
     options: EngineOptions
     log_dir: Path | None
@@ -76,8 +92,15 @@ class _Launches:
         ``turns``: taking turns with another launch, phase by phase (`side_by_side`)."""
         kwargs = self.engine_kwargs(config)
         say = self.say if turns is None else (lambda line: self.say(f"[{turns.name}] {line}"))
+        # A plan sets each step's depth (every depth at every batch size once it has cycled there); a static launch
+        # runs its one depth.
+        if plugin.mode == "plan" and plugin.plan is not None:
+            warmup = plan_warmup(self.pool, self.concurrencies, plugin.plan)
+        else:
+            warmup = shape_warmup(self.pool, self.concurrencies, (config.k if config.speculative else 0,))
+        say(f"      warm-up before the measured phases: {warmup_cost(warmup)}")
         return run_plugin_job(
-            self.model, kwargs, self.phases, plugin, warmup=self.warmup, return_outputs=return_outputs,
+            self.model, kwargs, self.phases, plugin, warmup=warmup, return_outputs=return_outputs,
             options=self.options, log_dir=self.log_dir, progress=say,
             turns=None if turns is None else turns.to_job(),
         )
@@ -156,7 +179,6 @@ def profile(
     rounds: int = 2,
     baseline: bool = False,
     side_by_side: bool = False,
-    warmup_requests: int | None = None,
     return_outputs: bool = False,
     options: EngineOptions | None = None,
     log_dir: str | Path | None = None,
@@ -176,8 +198,6 @@ def profile(
         baseline: also launch the target once without speculation (shared by all drafters) and fit each cost
             model on those steps too; without it, every measured step ran the drafter, so the cost of a step
             without any drafter (the no-speculation baseline) is not identified. One more launch.
-        warmup_requests: requests (cut to 16 tokens) run at once before measuring (default: the largest
-            concurrency, so every batch shape has run once).
         concurrencies: requests in flight per phase; the engine's max_num_seqs is the largest.
         block_steps: steps per depth block of the plan (see `DepthPlan.sweep`).
         options: how vLLM is launched (`autotune.engine.EngineOptions`, the same object `VLLMBackend.options`
@@ -208,11 +228,9 @@ def profile(
     say = progress or (lambda _line: None)
     resolved = [_resolve_drafter(d, method, parallel_drafting) for d in drafters]
     phases = _phase_requests(workload, concurrencies, num_prompts, rounds)
-    pool = workload.requests()
-    n_warm = max(concurrencies) if warmup_requests is None else warmup_requests
-    warmup = [{"class": c, **r.to_dict()} for c, r in (pool[i % len(pool)] for i in range(n_warm))]
     launches = _Launches(
-        model, phases, warmup, max(concurrencies), EngineOptions.build(options, **engine_options),
+        model, phases, workload.requests(), concurrencies, max(concurrencies),
+        EngineOptions.build(options, **engine_options),
         Path(log_dir) if log_dir is not None else None, say,
     )
     baseline_samples: list[StepSample] = []
@@ -294,6 +312,8 @@ def _profile_one(
         launches.say(f"      failed ({run.failure_kind}): {run.failure_reason}")
         return result
     _analyse(result, run.stats, run.result, sequential=not drafter.parallel_drafting)
+    for outlier in result.first_phase_outliers:
+        launches.say(f"      {outlier_warning(outlier)}")
     mismatch = counts_mismatch(result.metrics_check)
     if mismatch is not None:
         result.ok, result.failure_kind, result.failure_reason = False, "counts_mismatch", mismatch
@@ -335,6 +355,8 @@ def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], 
     result.metrics_check = metrics_check(
         phase_totals(stats, measured), spec_delta(raw["spec_before"], raw["spec_after"])
     )
+    result.warmup = list(raw.get("warmup") or [])
+    result.first_phase_outliers = first_phase_outliers(raw["phases"])
     per_c: dict[int, dict[str, Any]] = {}
     for p in raw["phases"]:
         entry = per_c.setdefault(

@@ -69,6 +69,12 @@ class ProfileResult:
     {"speculative": [...], "baseline": [...]}, measured; not in ``cost_model`` (decode steps only). The simulator
     prices a prompt token with them (`autotune.simulate.prompt_token_costs`; stored in the notes, ``prompt_steps``).
     Empty: not recorded (analysed by a version that did not record them)."""
+    warmup: list[dict[str, Any]] = field(default_factory=list)
+    """The warm-up the launch ran before its measured phases (`autotune.profiling.plan_warmup`), per batch size:
+    requests, output tokens, engine steps, wall s (measured; in no other figure)."""
+    first_phase_outliers: list[dict[str, Any]] = field(default_factory=list)
+    """First measured phases slower than the later ones at their concurrency (`first_phase_outliers`): a first use
+    the warm-up did not take out of the figures. Empty: none, or too few phases to judge."""
     profile_id: int | None = None
     """Id in the store (None when not stored)."""
     outputs: dict[str, list[list[int]]] | None = None
@@ -113,6 +119,8 @@ class ProfileResult:
             "workload_name": self.workload_name,
             "workload_hash": self.workload_hash,
             "plugin": self.plugin,
+            "warmup": self.warmup,
+            "first_phase_outliers": self.first_phase_outliers,
             "profile_id": self.profile_id,
         }
 
@@ -143,6 +151,8 @@ def store_profile(store: Any, result: ProfileResult, workload: Workload, environ
         "fit_error": result.fit_error,
         "phases": result.phases,
         "timings": result.timings,
+        "warmup": result.warmup,
+        "first_phase_outliers": result.first_phase_outliers,
         "plugin": result.plugin,
         "provenance": result.provenance.to_dict(),
         "step_time": "schedule() entry to Scheduler.update_from_output() return, decode-only steps, median ms; "
