@@ -33,7 +33,7 @@ vLLM, and the fit check sizes the KV cache by it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,15 @@ def gpu_overhead_bytes(tensor_parallel_size: int, mxfp4_moe: bool = False) -> in
     return GPU_OVERHEAD_TP1_BYTES if tensor_parallel_size <= 1 else GPU_OVERHEAD_TP_BYTES
 
 
+def split_gpu_memory_utilization(one_engine: float, engines: int) -> float:
+    """The gpu_memory_utilization each of `engines` engines sharing one GPU takes: an equal share of what one
+    engine would, rounded down to 0.01 (vLLM refuses to start the last one when the others left less free than it
+    asks for). Example: ``split_gpu_memory_utilization(0.92, 2)`` is 0.46."""
+    if engines < 1 or not 0 < one_engine <= 1:
+        raise ValueError(f"engines must be >= 1 and one_engine in (0, 1], but got {engines=}, {one_engine=}.")
+    return math.floor(one_engine / engines * 100 + 1e-9) / 100
+
+
 def _gb(n: float) -> str:
     """Decimal GB with one decimal; MB below 1 GB (fixture-sized models)."""
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
@@ -113,9 +122,10 @@ def workload_max_model_len(prompt_tokens: int, output_tokens: int, model_limit: 
     """The max_model_len a workload needs: its longest prompt plus its largest max_tokens, with headroom, rounded up
     to a power of two and never above `model_limit` (the model's max_position_embeddings; None: no limit).
 
-    Headroom: a prompt counted by characters (`estimated`, at `CHARS_PER_TOKEN`) gets a quarter more tokens, since
-    tokenizers differ by that much on code and non-English text; the sum is then rounded up to a power of two (at
-    least one 16-token block), which adds at most as much again. vLLM refuses a request longer than max_model_len,
+    Headroom: an `estimated` prompt length (characters at `CHARS_PER_TOKEN`, or a tokenizer's count of the text
+    before the chat template) gets a quarter more tokens, since tokenizers differ by that much on code and
+    non-English text and templates add tokens; the sum is then rounded up to a power of two (at least one 16-token
+    block), which adds at most as much again. vLLM refuses a request longer than max_model_len,
     so headroom costs only KV for one sequence, while too little fails requests.
     Example: a 6,000-character prompt estimated at 2,000 tokens, 1,024 output tokens: 2,500 + 1,024 = 3,524 -> 4,096.
     """
@@ -125,14 +135,18 @@ def workload_max_model_len(prompt_tokens: int, output_tokens: int, model_limit: 
     return min(length, model_limit) if model_limit else length
 
 
-def max_model_len_of(workload: Any, model_limit: int | None = None, given: int | None = None) -> int:
+def max_model_len_of(workload: Any, model_limit: int | None = None, given: int | None = None,
+                     count_tokens: Callable[[str], int] | None = None) -> int:
     """The max_model_len launches and exports of `workload` (an `autotune.workloads.Workload`) pass to vLLM: `given`
-    (the user's) when set, else `workload_max_model_len` of its longest prompt (characters / `CHARS_PER_TOKEN`: no
-    tokenizer is loaded to size a launch) and its largest max_tokens, within `model_limit`."""
+    (the user's) when set, else `workload_max_model_len` of its longest prompt and its largest max_tokens, within
+    `model_limit`. Prompts are counted by `count_tokens` (the model's tokenizer) when given, else estimated at
+    `CHARS_PER_TOKEN` characters a token; either way a quarter more tokens is allowed (tokenizers differ by that
+    much, and a chat template adds its own tokens)."""
     if given:
         return given
-    prompts = [(len(r.text()), r.max_tokens) for _, r in workload.requests()]
-    longest = max((math.ceil(chars / CHARS_PER_TOKEN) for chars, _ in prompts), default=0)
+    count = count_tokens or (lambda text: math.ceil(len(text) / CHARS_PER_TOKEN))
+    prompts = [(r.text(), r.max_tokens) for _, r in workload.requests()]
+    longest = max((count(text) for text, _ in prompts), default=0)
     output = max((tokens for _, tokens in prompts), default=0)
     return workload_max_model_len(longest, output, model_limit)
 

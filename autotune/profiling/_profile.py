@@ -35,6 +35,7 @@ from autotune.profiling._analysis import (
     outlier_warning,
     phase_totals,
 )
+from autotune.profiling._memory import launch_memory
 from autotune.profiling._plugin_run import (
     EngineRun,
     plan_warmup,
@@ -228,9 +229,10 @@ def profile(
     say = progress or (lambda _line: None)
     resolved = [_resolve_drafter(d, method, parallel_drafting) for d in drafters]
     phases = _phase_requests(workload, concurrencies, num_prompts, rounds)
+    launch_options = launch_memory(EngineOptions.build(options, **engine_options), model, [d.name for d in resolved],
+                                   workload, max(concurrencies), side_by_side, say)
     launches = _Launches(
-        model, phases, workload.requests(), concurrencies, max(concurrencies),
-        EngineOptions.build(options, **engine_options),
+        model, phases, workload.requests(), concurrencies, max(concurrencies), launch_options,
         Path(log_dir) if log_dir is not None else None, say,
     )
     baseline_samples: list[StepSample] = []

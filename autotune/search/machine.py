@@ -111,14 +111,31 @@ def resolve_drafters(names: Sequence[str], found: Checkpoints) -> None:
             return
 
 
-def workload_max_model_len(workload: Any, config: dict[str, Any], given: int | None = None) -> int:
-    """The max_model_len every launch of the search passes to vLLM and its fit check sizes the KV cache by:
-    `given` (the user's) when set, else `autotune.fit.max_model_len_of` the workload within the model's
-    max_position_embeddings (config.json)."""
+def token_counter(directory: Path | None) -> Any:
+    """A function counting the tokens of a text with the tokenizer.json in `directory` (a checkpoint's), or None
+    when there is none or it cannot be read (then lengths are estimated from characters)."""
+    if directory is None or not (Path(directory) / "tokenizer.json").is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
+    except Exception:  # a tokenizer this `tokenizers` cannot read: estimate instead
+        return None
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+def workload_max_model_len(workload: Any, target: Any, given: int | None = None) -> tuple[int, bool]:
+    """(max_model_len, counted): what every launch of `workload` passes to vLLM and the fit check sizes the KV cache
+    by: `given` (the user's) when set, else `autotune.fit.max_model_len_of` the workload within the model's
+    max_position_embeddings, prompts counted with the tokenizer of `target` (an `autotune.checkpoints.Checkpoint`)
+    when it is on disk (`counted`), else estimated from characters."""
     from autotune.fit import max_model_len_of
 
-    limit = config.get("max_position_embeddings")
-    return max_model_len_of(workload, limit if isinstance(limit, int) and limit > 0 else None, given)
+    limit = target.config.get("max_position_embeddings")
+    count = None if given else token_counter(target.local_dir)
+    length = max_model_len_of(workload, limit if isinstance(limit, int) and limit > 0 else None, given, count)
+    return length, count is not None
 
 
 def check_fit(found: Checkpoints, gpus: list[dict[str, Any]], *, seqs: int, tokens: int, tensor_parallel_size: int,

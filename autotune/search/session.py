@@ -440,7 +440,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
     workload = load_workload(options.workload)
     notes: list[str] = []
-    found, memory, max_model_len = None, None, None
+    found, memory, max_model_len, counted = None, None, None, False
     gpus = detect_gpus() if measuring else []  # NVML, read once for the flag check, the fit and the device line
     if measuring:
         found = Checkpoints(target=target, problem=problem)
@@ -449,7 +449,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
             released = _drafter_specs(spec, spec_space.drafters, include_hypothetical=False)
             resolve_drafters([str(d.local_path or d.name) for d in released if d.published], found)
         if not found.problem:
-            max_model_len = workload_max_model_len(workload, found.target.config)
+            max_model_len, counted = workload_max_model_len(workload, found.target)
             memory = check_fit(
                 found, gpus, seqs=max(options.concurrencies), tokens=max_model_len,
                 tensor_parallel_size=options.tensor_parallel_size, gpu_memory_utilization=None,
@@ -468,8 +468,9 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
             if memory.warning:
                 notes.append(f"Memory: {memory.warning}")
         if max_model_len is not None:
+            how = "counted with the model's tokenizer" if counted else "estimated at 3 characters a token"
             notes.append(f"Every launch passes --max-model-len {max_model_len}: the workload's longest prompt "
-                         "(estimated at 3 characters a token) plus its max_tokens, with headroom.")
+                         f"({how}) plus its max_tokens, with headroom.")
     include = spec_space.include_hypothetical
     if include is None:
         # The catalog's drafters on a backend that predicts: their layer variants too, so 2 vs 4 layers is compared.
