@@ -127,17 +127,29 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
         if spec is None:
             return "null\n", warnings
         return json.dumps(spec, indent=2) + "\n", warnings
+    max_model_len = export_max_model_len(recommendation)
     if fmt == "vllm-args":
-        return shell_line(serve_command(model, config_args(config, engine_paths=False))) + "\n", warnings
+        args = config_args(config, engine_paths=False)
+        if max_model_len is not None:
+            args["max_model_len"] = max_model_len
+        return shell_line(serve_command(model, args)) + "\n", warnings
     if fmt == "yaml":
         header = comment_lines([*describe(recommendation), "Serve with: vllm serve --config THIS_FILE.yaml"])
-        return header + yaml.safe_dump(export_options(model, config), sort_keys=False), warnings
+        return header + yaml.safe_dump(export_options(model, config, max_model_len), sort_keys=False), warnings
     if fmt == "schedule":
         return _schedule(config, recommendation), warnings
     doc = policy_document(recommendation)
     if as_json:
         return json.dumps(doc, indent=2) + "\n", warnings
     return _policy_header(recommendation) + yaml.safe_dump(doc, sort_keys=False), warnings
+
+
+def export_max_model_len(recommendation: Mapping[str, Any]) -> int | None:
+    """The ``--max-model-len`` an export passes: the one the recommendation's launches used or its workload needs
+    (stored in its metrics by the search, `autotune.fit.max_model_len_of`); None for recommendations stored before
+    (vLLM then sizes for the model's own limit and may refuse to start where the search's launches did not)."""
+    value = (recommendation.get("metrics") or {}).get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def describe(recommendation: Mapping[str, Any]) -> list[str]:

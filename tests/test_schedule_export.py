@@ -75,6 +75,56 @@ def test_yaml_nests_the_speculative_config_the_way_vllm_serve_config_reads_it() 
     assert doc["speculative-config"]["parallel_drafting"] is True
 
 
+def test_exports_pass_the_max_model_len_the_search_stored() -> None:
+    # Without --max-model-len vLLM sizes for the model's 131,072 tokens and may not start where the search's launches
+    # (which passed the workload's) did (issue 39.5).
+    rec = _rec(PEAGLE, metrics={"max_model_len": 4096})
+    argv = shlex.split(render("vllm-args", rec)[0])
+    assert dict(zip(argv[3::2], argv[4::2], strict=True))["--max-model-len"] == "4096"
+    assert yaml.safe_load(render("yaml", rec)[0])["max-model-len"] == 4096
+    # A recommendation stored before the search recorded it exports without one, as it did.
+    assert "--max-model-len" not in render("vllm-args", _rec(PEAGLE))[0]
+
+
+def test_a_search_stores_the_max_model_len_its_export_passes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+    from autotune.fit import max_model_len_of
+    from autotune.workloads import load_workload
+
+    db = str(tmp_path / "p.db")
+    runner = CliRunner()
+    searched = runner.invoke(main, ["search", "--model", "gpt-oss-120b", "--gpu", "h200", "--backend", "model",
+                                    "--concurrency", "1", "--max-k", "2", "--trials", "4", "--db", db])
+    assert searched.exit_code == 0, searched.output
+    exported = runner.invoke(main, ["export", "--format", "vllm-args", "--db", db])
+    assert exported.exit_code == 0, exported.output
+    argv = shlex.split(exported.stdout.strip().splitlines()[-1])
+    # mt-bench's longest prompt and max_tokens, as a launch of the search would pass them.
+    assert dict(zip(argv[3::2], argv[4::2], strict=True))["--max-model-len"] == \
+        str(max_model_len_of(load_workload("mt-bench")))
+
+
+def test_peagle_tune_serve_passes_it_too_unless_the_user_does(tmp_path: Path) -> None:
+    from autotune.serving import build_launch, resolve_tuned_config
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'peagle.db'}")
+    store.add_recommendation(
+        "my-org/tiny-target", gpu="cpu", objective="throughput", workload_name="fixture", scenario={"concurrency": 4},
+        best_config={"method": "draft_model", "drafter": "my-org/tiny-drafter", "num_speculative_tokens": 3,
+                     "parallel_drafting": False, "max_num_seqs": 16},
+        metrics={"acceptance_length": 2.0, "output_tokens_per_s": 500.0, "max_model_len": 4096},
+        provenance={"kind": "measured", "backend": "vllm", "device": "cpu"},
+    )
+    tuned = resolve_tuned_config(store, "my-org/tiny-target", device="cpu")
+    argv = list(build_launch(tuned, run_dir=tmp_path / "run").argv)
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    argv = list(build_launch(tuned, run_dir=tmp_path / "run", extra_args=["--max-model-len", "8192"]).argv)
+    assert argv.count("--max-model-len") == 1 and argv[argv.index("--max-model-len") + 1] == "8192"
+
+
 def test_no_spec_recommendation_exports_null_with_a_warning() -> None:
     text, warnings = render("vllm-json", _rec(SpecConfig(max_num_seqs=64)))
     assert json.loads(text) is None

@@ -238,8 +238,11 @@ def shell_line(argv: Sequence[str]) -> str:
     return " ".join(shell_word(str(word)) for word in argv)
 
 
-def export_options(model: str, config: SpecConfig) -> dict[str, Any]:
+def export_options(model: str, config: SpecConfig, max_model_len: int | None = None) -> dict[str, Any]:
     """``vllm serve`` options of `config` for exports: long-option names without dashes, the speculative config as
-    a dict, the drafter path as the user gave it. Example: ``{"model": "m", "max-num-seqs": 64}``."""
+    a dict, the drafter path as the user gave it, and `max_model_len` when given (the workload's: without it vLLM
+    sizes for the model's limit). Example: ``{"model": "m", "max-num-seqs": 64}``."""
     args = config_args(config, engine_paths=False)
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
     return {"model": model, **{key.replace("_", "-"): value for key, value in args.items()}}

@@ -41,6 +41,7 @@ from autotune.engine import (
     write_private_file,
 )
 from autotune.errors import PrivateDirectoryError, UsageError
+from autotune.export import export_max_model_len
 from autotune.serving._tuned import TunedConfig, plugin_config
 from policies.plugin import CONFIG_ENV, PluginConfig, serve_args
 from policies.plugin.config import engine_env as plugin_engine_env
@@ -214,6 +215,9 @@ def build_launch(
     stats_path = run_dir / "stats.json"
     plugin = plugin_config(tuned, stats_path, flush_every_s=flush_every_s, overrides=plugin_overrides)
     args = config_args(tuned.spec, create_paths=False)  # pure: the alias is created by `ServeLaunch.write_files`
+    max_model_len = export_max_model_len(tuned.recommendation)
+    if max_model_len is not None and not user_sets(extra_args, "--max-model-len"):
+        args["max_model_len"] = max_model_len  # what the recommendation was measured at (the user's value wins)
     spec = args.get("speculative_config") or {}
     source = tuned.spec.speculative_config() or {}
     drafter_source = str(source["model"]) if spec.get("model") != source.get("model") else None
