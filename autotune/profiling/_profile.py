@@ -200,6 +200,9 @@ def profile(
             model on those steps too; without it, every measured step ran the drafter, so the cost of a step
             without any drafter (the no-speculation baseline) is not identified. One more launch.
         concurrencies: requests in flight per phase; the engine's max_num_seqs is the largest.
+            Before its measured phases each launch warms every shape it measures, in no figure: one plan cycle at
+            every concurrency (`plan_warmup`; the baseline: `shape_warmup` at depth 0). A first phase slower than
+            the later ones at its concurrency is reported (``ProfileResult.first_phase_outliers``, a warning line).
         block_steps: steps per depth block of the plan (see `DepthPlan.sweep`).
         options: how vLLM is launched (`autotune.engine.EngineOptions`, the same object `VLLMBackend.options`
             holds); `engine_options` change single fields (``dtype="float32"``, ``timeout_s=600``, ``env=...``).
