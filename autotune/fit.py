@@ -74,6 +74,10 @@ MXFP4_MOE_OVERHEAD_TP_BYTES = int(12.2 * GIB)
 #: RAM a vLLM CPU engine takes besides weights and KV space: ~1.6 GiB measured per engine with the test fixtures
 #: (engine core, worker and driver processes: benchmarks/bench_runtime.py ENGINE_GIB), rounded up.
 CPU_OVERHEAD_BYTES = 2 * GIB
+#: Tokens a chat template adds to a conversation beyond its text (role markers, a system preamble such as gpt-oss's
+#: harmony header with the model identity, dates and reasoning effort): an assumed allowance, added to chat requests
+#: only (raw prompts go to /v1/completions without a template).
+CHAT_TEMPLATE_TOKENS = 128
 #: Characters per token where no tokenizer counts a prompt: English prose runs ~4, code and other languages ~3;
 #: the lower figure overestimates tokens, which the fit prefers to underestimating them.
 CHARS_PER_TOKEN = 3
@@ -140,14 +144,13 @@ def max_model_len_of(workload: Any, model_limit: int | None = None, given: int |
     """The max_model_len launches and exports of `workload` (an `autotune.workloads.Workload`) pass to vLLM: `given`
     (the user's) when set, else `workload_max_model_len` of its longest prompt and its largest max_tokens, within
     `model_limit`. Prompts are counted by `count_tokens` (the model's tokenizer) when given, else estimated at
-    `CHARS_PER_TOKEN` characters a token; either way a quarter more tokens is allowed (tokenizers differ by that
-    much, and a chat template adds its own tokens)."""
+    `CHARS_PER_TOKEN` characters a token; a chat request adds `CHAT_TEMPLATE_TOKENS`."""
     if given:
         return given
     count = count_tokens or (lambda text: math.ceil(len(text) / CHARS_PER_TOKEN))
-    prompts = [(r.text(), r.max_tokens) for _, r in workload.requests()]
-    longest = max((count(text) for text, _ in prompts), default=0)
-    output = max((tokens for _, tokens in prompts), default=0)
+    requests = [r for _, r in workload.requests()]
+    longest = max((count(r.text()) + (CHAT_TEMPLATE_TOKENS if r.messages else 0) for r in requests), default=0)
+    output = max((r.max_tokens for r in requests), default=0)
     return workload_max_model_len(longest, output, model_limit)
 
 

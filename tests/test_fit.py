@@ -131,7 +131,7 @@ def test_the_max_model_len_of_a_workload_has_headroom_and_respects_the_model() -
     # 2,000 estimated prompt tokens + 25% = 2,500, + 1,024 output = 3,524 -> the next power of two.
     assert workload_max_model_len(2000, 1024) == 4096
     assert workload_max_model_len(2000, 1024, estimated=False) == 4096  # 3,024 -> 4,096
-    assert workload_max_model_len(3000, 1024, estimated=False) == 4096  # exactly 4,024 -> 4,096
+    assert workload_max_model_len(3072, 1024, estimated=False) == 4096  # exactly 4,096
     assert workload_max_model_len(3300, 1024) == 8192  # 4,125 + 1,024 = 5,149
     assert workload_max_model_len(100_000, 40_000, model_limit=131072) == 131072
     assert workload_max_model_len(1, 1) == BLOCK_TOKENS

@@ -35,12 +35,23 @@ def test_the_launch_passes_the_workload_max_model_len_counted_with_the_tokenizer
     lines: list[str] = []
     options = launch_memory(EngineOptions(), TARGET, [DRAFTER], workload, 4, False, lines.append,  # type: ignore[arg-type]
                             gpus=[])
-    # 106 tokens + 25% = 133, + 48 output = 181 -> 256, within the fixture's max_position_embeddings of 512.
-    assert options.max_model_len == 256 and options.engine_args(SpecConfig())["max_model_len"] == 256
+    # 106 tokens + 128 for a chat template = 234, + 25% = 293, + 48 output = 341 -> 512, the fixture's
+    # max_position_embeddings.
+    assert options.max_model_len == 512 and options.engine_args(SpecConfig())["max_model_len"] == 512
     assert any("counted with the model's tokenizer" in line for line in lines)
     # The user's value wins.
-    assert launch_memory(EngineOptions(max_model_len=512), TARGET, [DRAFTER], workload, 4, False,  # type: ignore[arg-type]
-                         lines.append, gpus=[]).max_model_len == 512
+    assert launch_memory(EngineOptions(max_model_len=300), TARGET, [DRAFTER], workload, 4, False,  # type: ignore[arg-type]
+                         lines.append, gpus=[]).max_model_len == 300
+
+
+def test_a_long_raw_prompt_is_capped_at_the_model_limit_and_a_short_one_is_not(tmp_path: Path) -> None:
+    # Raw prompts (no chat template): 150 bytes + 25% = 188, + 48 = 236 -> 256; 500 bytes -> 673 -> 1024 -> 512.
+    for chars, expected in ((150, 256), (500, 512)):
+        path = tmp_path / f"raw{chars}.jsonl"
+        path.write_text(json.dumps({"prompt": "y" * chars, "max_tokens": 48}) + "\n")
+        options = launch_memory(EngineOptions(), TARGET, [], load_workload(str(path)), 4, False,
+                                lambda _line: None, gpus=[])
+        assert options.max_model_len == expected
 
 
 def test_side_by_side_on_a_gpu_gives_each_engine_half(workload: object) -> None:
