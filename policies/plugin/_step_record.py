@@ -38,7 +38,8 @@ class StepObserver:
         """The step's outcomes counted per (class, phase) (`StepTally`, what the controller, stats and metrics
         consume); per traced request (request id, class, phase, drafted, accepted) for the stats' traces; the
         drafting depth. ``batch``: the number of the batch the depth decision saw when ``output`` holds exactly its
-        decoding requests (`DepthDecider.batch_of`), else None."""
+        decoding requests (`DepthDecider.batch_of`), else None. ``drafting``: the drafting depth decided in
+        ``output``'s own schedule() (under async scheduling a later step has been scheduled by now)."""
         spec = output.scheduled_spec_decode_tokens
         scheduled_tokens = output.num_scheduled_tokens
         # An off-step of an unchanged batch (no draft verified, one token per request) observes exactly what the

@@ -456,9 +456,9 @@ class PeagleAsyncScheduler(PeagleScheduler, AsyncScheduler):
     step n-1, where the synchronous plugin's see step n. Each step's outcome is recorded with the drafting depth
     decided in its own schedule() (not the latest decision). Step times overlap (the next step is scheduled while
     the current one runs), so ``step_ms`` is the time from a step's schedule() to its update_from_output, which
-    includes scheduling the next step, and ``between_steps`` and the draft fetch are not recorded. Off-steps need a
-    synchronous pass on the workers under async scheduling (`policies._off_steps`), so the drafter runs every step.
-    Everything else is `PeagleScheduler`'s.
+    includes scheduling the next step, and ``between_steps`` and the draft fetch are not recorded. Under async
+    scheduling an off-step runs the drafter over one slot (``sync_pass``, `policies._off_steps`), so no step skips
+    the drafter and the controller prices depth 0 with a drafter pass. Everything else is `PeagleScheduler`'s.
 
     Tested against vLLM's real scheduler classes with a fake engine core on CPU (tests/test_async_depth.py); the CPU
     build forces async scheduling off, so no real engine has run it.
