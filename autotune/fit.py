@@ -1,11 +1,11 @@
 """Does a model fit: weights plus KV cache against device memory (GPU) or RAM (vLLM's CPU build). Pure.
 
 GPU (`check_gpu_fit`) follows vLLM 0.32's own arithmetic. At start-up each GPU worker takes ``requested =
-gpu_memory_utilization x total memory`` (``v1/worker/utils.py`` 760-771), loads the weights, runs a profile pass
-and estimates the CUDA-graph pool, and keeps ``requested - weights - activation peak - non-torch memory - graph
-memory`` for the KV cache (``v1/worker/gpu_worker.py`` 676-743, ``determine_available_memory``). It then refuses to
-start when that cannot hold ONE sequence of ``max_model_len`` tokens, and its error names the longest
-max_model_len that would fit (``v1/core/kv_cache_utils.py`` 1003-1040 and 1104-1137,
+gpu_memory_utilization x total memory`` (``v1/worker/utils.py`` 716-771, ``request_memory``), loads the weights,
+runs a profile pass and estimates the CUDA-graph pool, and keeps ``requested - weights - activation peak - non-torch
+memory - graph memory`` for the KV cache (``v1/worker/gpu_worker.py`` 676-743, ``determine_available_memory``).
+It then refuses to start when that cannot hold ONE sequence of ``max_model_len`` tokens, and its error names the
+longest max_model_len that would fit (``v1/core/kv_cache_utils.py`` 1003-1040 and 1104-1137,
 ``check_enough_kv_cache_memory``). Fewer than ``max_num_seqs`` such sequences is no refusal: the scheduler queues
 what does not fit. So `MemoryFit.fits` means "vLLM will start", and a concurrency short of ``max_num_seqs`` is
 `MemoryFit.warning`. We cannot profile, so weights are the checkpoint's bytes (split over the tensor-parallel GPUs)
@@ -26,8 +26,8 @@ the one-sequence check and none for a sequence at rest.
 Sizes in messages are decimal GB (10^9 bytes), as GPU datasheets and the Hugging Face hub state them; the KV cache
 vLLM will have is also said in GiB, as vLLM logs it ("Available KV cache memory").
 
-`workload_max_model_len` is the one place a workload's ``max_model_len`` is decided: launches and exports pass it to
-vLLM, and the fit check sizes the KV cache by it.
+`max_model_len_of` is the one place a workload's ``max_model_len`` is decided (`max_model_len_for` its arithmetic):
+launches and exports pass it to vLLM, and the fit check sizes the KV cache by it.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _gib(n: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ max_model_len
-def workload_max_model_len(prompt_tokens: int, output_tokens: int, model_limit: int | None = None,
+def max_model_len_for(prompt_tokens: int, output_tokens: int, model_limit: int | None = None,
                            *, estimated: bool = True) -> int:
     """The max_model_len a workload needs: its longest prompt plus its largest max_tokens, with headroom, rounded up
     to a power of two and never above `model_limit` (the model's max_position_embeddings; None: no limit).
@@ -142,7 +142,7 @@ def workload_max_model_len(prompt_tokens: int, output_tokens: int, model_limit: 
 def max_model_len_of(workload: Any, model_limit: int | None = None, given: int | None = None,
                      count_tokens: Callable[[str], int] | None = None) -> int:
     """The max_model_len launches and exports of `workload` (an `autotune.workloads.Workload`) pass to vLLM: `given`
-    (the user's) when set, else `workload_max_model_len` of its longest prompt and its largest max_tokens, within
+    (the user's) when set, else `max_model_len_for` of its longest prompt and its largest max_tokens, within
     `model_limit`. Prompts are counted by `count_tokens` (the model's tokenizer) when given, else estimated at
     `CHARS_PER_TOKEN` characters a token; a chat request adds `CHAT_TEMPLATE_TOKENS`."""
     if given:
@@ -151,7 +151,7 @@ def max_model_len_of(workload: Any, model_limit: int | None = None, given: int |
     requests = [r for _, r in workload.requests()]
     longest = max((count(r.text()) + (CHAT_TEMPLATE_TOKENS if r.messages else 0) for r in requests), default=0)
     output = max((r.max_tokens for r in requests), default=0)
-    return workload_max_model_len(longest, output, model_limit)
+    return max_model_len_for(longest, output, model_limit)
 
 
 # ------------------------------------------------------------------------------------------------ KV shape

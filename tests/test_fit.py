@@ -18,7 +18,7 @@ from autotune.fit import (
     check_cpu_fit,
     check_gpu_fit,
     kv_shape,
-    workload_max_model_len,
+    max_model_len_for,
 )
 
 # gpt-oss-120b's config.json, the fields that size its KV cache.
@@ -129,12 +129,12 @@ def test_tp_must_divide_the_attention_heads_and_too_big_says_so() -> None:
 
 def test_the_max_model_len_of_a_workload_has_headroom_and_respects_the_model() -> None:
     # 2,000 estimated prompt tokens + 25% = 2,500, + 1,024 output = 3,524 -> the next power of two.
-    assert workload_max_model_len(2000, 1024) == 4096
-    assert workload_max_model_len(2000, 1024, estimated=False) == 4096  # 3,024 -> 4,096
-    assert workload_max_model_len(3072, 1024, estimated=False) == 4096  # exactly 4,096
-    assert workload_max_model_len(3300, 1024) == 8192  # 4,125 + 1,024 = 5,149
-    assert workload_max_model_len(100_000, 40_000, model_limit=131072) == 131072
-    assert workload_max_model_len(1, 1) == BLOCK_TOKENS
+    assert max_model_len_for(2000, 1024) == 4096
+    assert max_model_len_for(2000, 1024, estimated=False) == 4096  # 3,024 -> 4,096
+    assert max_model_len_for(3072, 1024, estimated=False) == 4096  # exactly 4,096
+    assert max_model_len_for(3300, 1024) == 8192  # 4,125 + 1,024 = 5,149
+    assert max_model_len_for(100_000, 40_000, model_limit=131072) == 131072
+    assert max_model_len_for(1, 1) == BLOCK_TOKENS
 
 
 def test_kv_cache_shape_from_config() -> None:
