@@ -51,7 +51,7 @@ from autotune.cli._common import (
 @click.option("--dtype", default="auto", show_default=True, callback=dtype_callback,
               help="Engine dtype (float32 makes CPU runs reproducible).")
 @click.option("--max-model-len", type=number("--max-model-len"), default=None,
-              help="vLLM max_model_len (small values save memory on CPU).")
+              help="vLLM max_model_len (default: the workload's longest prompt plus max_tokens, with headroom).")
 @click.option("--load-format", default=None, help="vLLM load_format (\"dummy\" for config-only checkpoints).")
 @click.option("--enforce-eager", is_flag=True, help="Skip torch.compile/CUDA graphs (faster start for small models).")
 @click.option("--timeout", "timeout_s", type=number("--timeout"), default=1800.0, show_default=True,

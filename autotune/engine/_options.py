@@ -47,7 +47,8 @@ class EngineOptions:
     dtype: str = "auto"
     """vLLM's dtype ("float32" makes CPU runs reproducible)."""
     max_model_len: int | None = None
-    """vLLM's max_model_len (None: the model's); small values save memory on CPU."""
+    """vLLM's max_model_len (None: the model's). Search and profile set the workload's
+    (`autotune.fit.max_model_len_of`): without it vLLM sizes the KV check for the model's limit."""
     load_format: str | None = None
     """vLLM's load_format ("dummy" for config-only checkpoints); None: vLLM's default."""
     engine_extra: Mapping[str, Any] = field(default_factory=dict)
