@@ -34,7 +34,7 @@ def narrow(text: str) -> None:
     """Every line but the one-line notes (rule, figures, next: one line each when piped, to copy) fits 80."""
     for line in text.splitlines():
         if not line.startswith(("Rule", "Figures", "Trials", "Stored", "Next", "Backend", "Skipped", "Also",
-                                "Objective", "c=")):
+                                "Objective", "Memory", "c=")):
             assert len(line) <= 80, line
 
 

@@ -169,7 +169,7 @@ def _report_stored(search: Search, result: ScenarioResult, environment: dict[str
         "objective": search.objective.name,
         "scenario": result.scenario.to_dict(),
         "best_config": result.best.config.to_dict(),
-        "metrics": result.recommendation_metrics(),
+        "metrics": search.recommendation_metrics(result),
         "provenance": result.best.provenance.to_dict(),
         "pareto": [p.to_dict() for p in result.pareto],
         "schedule": [dataclasses.asdict(e) for e in result.schedule],

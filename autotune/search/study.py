@@ -648,13 +648,15 @@ class Search:
         run.measurements += int((config, run.scenario) not in self._cache)
         return self.measure(config, run.scenario)
 
-    def _max_model_len(self) -> int:
-        """The max_model_len the recommendation is exported with: what its launches passed (`EngineOptions`), else
-        the workload's (`autotune.fit.max_model_len_of`, as predicted)."""
+    def recommendation_metrics(self, result: ScenarioResult) -> dict[str, Any]:
+        """What a stored recommendation of `result` keeps as metrics (`ScenarioResult.recommendation_metrics`) and
+        the max_model_len it is exported with: what its launches passed (`EngineOptions`), else the workload's
+        (`autotune.fit.max_model_len_of`, as predicted)."""
         from autotune.fit import max_model_len_of
 
         options = getattr(self.backend, "options", None)
-        return getattr(options, "max_model_len", None) or max_model_len_of(self.workload)
+        max_model_len = getattr(options, "max_model_len", None) or max_model_len_of(self.workload)
+        return {**result.recommendation_metrics(), "max_model_len": max_model_len}
 
     def recommend(self, result: ScenarioResult, environment: Mapping[str, Any]) -> int | None:
         """Store `result` as a recommendation and return its id; None (nothing stored) when no config met the SLOs."""
@@ -670,7 +672,7 @@ class Search:
             objective=self.objective.name,
             scenario=result.scenario.to_dict(),
             best_config=best.config.to_dict(),
-            metrics={**result.recommendation_metrics(), "max_model_len": self._max_model_len()},
+            metrics=self.recommendation_metrics(result),
             provenance=best.provenance.to_dict(),
             pareto=[p.to_dict() for p in result.pareto],
             schedule=[dataclasses.asdict(e) for e in result.schedule],
