@@ -354,9 +354,9 @@ def check_gpu_fit(
     drafter = f" + drafter ({_gb(drafter_weight_bytes)})" if drafter_weight_bytes else ""
     where = f"one {device_name}" if tp == 1 else f"each of {tp} x {device_name}"
     have = f"{gpu_memory_utilization:.2f} x {_gb(device_memory_bytes)} = {_gb(budget)} on {where}"
-    what = (f"{model} ({_gb(target_weight_bytes)} weights){drafter} + overhead ({_gb(overhead(tp))}: activations, "
-            f"CUDA graphs, non-torch memory{', MXFP4 MoE' if mxfp4 and overhead_bytes is None else ''})"
-            + ("" if tp == 1 else f", split over {tp} GPUs"))
+    split = "" if tp == 1 else f" split over {tp} GPUs"
+    what = (f"{model} ({_gb(target_weight_bytes)} weights){drafter}{split} + overhead ({_gb(overhead(tp))} per GPU: "
+            f"activations, CUDA graphs, non-torch memory{', MXFP4 MoE' if mxfp4 and overhead_bytes is None else ''})")
 
     def result(fits: bool, message: str, **more: Any) -> MemoryFit:
         return MemoryFit(fits=fits, message=message, per_device_need=per_device, per_device_budget=budget,

@@ -59,7 +59,8 @@ def test_gpt_oss_120b_with_a_head_on_one_h100_needs_two_gpus_at_any_max_model_le
     assert not fit.fits and fit.max_model_len_that_fits is None and fit.suggested_tensor_parallel_size == 2
     assert fit.kv_available_bytes == budget - WEIGHTS - HEAD - MXFP4_MOE_OVERHEAD_TP1_BYTES
     assert "\n" not in fit.message
-    assert fit.message.startswith("openai/gpt-oss-120b (65.3 GB weights) + drafter (3.4 GB) + overhead (14.0 GB: ")
+    assert fit.message.startswith(
+        "openai/gpt-oss-120b (65.3 GB weights) + drafter (3.4 GB) + overhead (14.0 GB per GPU: ")
     assert "need 82.7 GB before any KV cache, more than 0.92 x 85.5 GB = 78.7 GB on one NVIDIA H100" in fit.message
     assert fit.message.endswith("so vLLM refuses to start: needs --tensor-parallel-size 2 (needs 2 GPUs; 1 here).")
 
