@@ -56,8 +56,15 @@ __all__ = [
 class StepCostPredictor(Protocol):
     """What the backend needs of a fitted step-cost model (`policies.StepCostModel` has it)."""
 
-    def predict(self, batch_size: int, depth: int) -> float:
-        """Step time in ms of B requests verifying `depth` drafts each."""
+    def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None,
+                piecewise: bool | None = None) -> float:
+        """Step time in ms of B requests verifying `depth` drafts each (``piecewise=False``: a launch at that
+        depth, whose uniform steps replay FULL CUDA graphs)."""
+        ...
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """ms per unit of each feature; ``piecewise``: a step that runs PIECEWISE (`policies._graphs`)."""
         ...
 
 
@@ -190,9 +197,20 @@ class ModelBackend(Backend):
         """
         if batch_size < 1:
             raise UsageError(f"batch_size must be >= 1, but got {batch_size}.")
-        if self.cost_model is not None:
-            return float(self.cost_model.predict(batch_size, config.k))
+        if self.cost_model is not None:  # a fresh launch at static K: its uniform steps replay FULL graphs
+            return float(self.cost_model.predict(batch_size, config.k, piecewise=False))
         return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
+
+    def piecewise_penalty_ms(self, config: SpecConfig, context_tokens: float | None = None) -> float:
+        """Predicted extra ms of a step of `config`'s launch that runs PIECEWISE instead of replaying FULL CUDA
+        graphs (a depth below the launch's K, an off-step, a batch-size schedule's every step): the sourced share
+        of the single-stream FULL step (`policies._graphs.piecewise_penalty_ms`), or a fitted cost model's own
+        ``piecewise`` coefficient when it measured one."""
+        from policies._graphs import piecewise_penalty_ms
+
+        if self.cost_model is not None and self.cost_model.coefficients.get("piecewise"):
+            return float(self.cost_model.coefficients["piecewise"])
+        return piecewise_penalty_ms(self.predict_step_ms(config, 1, context_tokens))
 
     def memory_fit(self, config: SpecConfig, sequences: int, tokens: int) -> MemoryFit:
         """Whether vLLM starts `config` with max_model_len `tokens` on this backend's GPU(s), and holds `sequences`

@@ -224,6 +224,13 @@ def render(result: Any, per_phase: int | None = None) -> str:
         fit = result.controller_cost_fit
         field("ctl cost", f"linear fit of that cost, median error {fit['median_rel_error']:.1%}, "
                           f"max {fit['max_rel_error']:.1%}")
+    graphs = result.settings.get("cuda_graphs")
+    if graphs is not None:
+        field("graphs", "FULL for a launch's uniform decode steps, PIECEWISE penalty (vLLM #49548) on every other "
+                        "step and on a schedule's" if graphs else "none (CPU build): every step alike")
+        scheduling = "async (plain vLLM and the plugin, one step late)" if result.settings.get("async_scheduling") \
+            else "synchronous"
+        field("sched.", scheduling + ("; adaptive launches at the static K" if graphs else ""))
     for w in result.warnings:
         field("note", w)
     groups: dict[tuple[str, Any], list[Any]] = {}

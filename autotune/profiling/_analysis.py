@@ -114,11 +114,13 @@ def outlier_warning(outlier: Mapping[str, Any]) -> str:
     )
 
 
-def fit_cost_model(samples: list[StepSample], sequential: bool) -> StepCostModel | None:
-    """Least-squares `StepCostModel` of the measured samples (None with fewer than 2 samples)."""
+def fit_cost_model(samples: list[StepSample], sequential: bool,
+                   full_graph_depth: int | None = None) -> StepCostModel | None:
+    """Least-squares `StepCostModel` of the measured samples (None with fewer than 2 samples). ``full_graph_depth``:
+    the launch's K on a device with FULL CUDA graphs (`policies._graphs.full_graph_depth`), else None."""
     if len(samples) < 2:
         return None
-    return StepCostModel.fit(samples, sequential=sequential)
+    return StepCostModel.fit(samples, sequential=sequential, full_graph_depth=full_graph_depth)
 
 
 def step_cost_entries(samples: Iterable[StepSample]) -> list[dict[str, Any]]:

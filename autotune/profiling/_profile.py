@@ -49,6 +49,7 @@ from autotune.profiling._turns import Turns, take_turns
 from autotune.spec import MAX_K, Method, SpecConfig
 from autotune.workloads import Workload, WorkloadRequest
 from policies import StepSample
+from policies._graphs import full_graph_depth
 from policies.plugin import DepthPlan, PluginConfig, PluginStats
 
 DEFAULT_CONCURRENCIES: tuple[int, ...] = (1, 4, 16)
@@ -354,7 +355,10 @@ def _analyse(result: ProfileResult, stats: PluginStats, raw: Mapping[str, Any], 
     result.step_samples = stats.step_samples(measured, sequential=sequential)
     result.step_means = stats.step_samples(measured, sequential=sequential, statistic="mean")
     result.prompt_steps["speculative"] = stats.prompt_steps(measured)
-    model = fit_cost_model(result.step_samples + result.baseline_samples, sequential=sequential)
+    # On a GPU with FULL graphs the launch's steps below its K ran PIECEWISE; the baseline launch's are FULL.
+    full = full_graph_depth(stats.info.get("cudagraph_mode"), int(stats.info.get("num_speculative_tokens") or 0))
+    baseline = [dataclasses.replace(s, piecewise=False) for s in result.baseline_samples]
+    model = fit_cost_model(result.step_samples + baseline, sequential=sequential, full_graph_depth=full)
     result.cost_model = model
     result.fit_error = None if model is None else model.fit_error()
     result.metrics_check = metrics_check(

@@ -153,6 +153,13 @@ def resolve_tuned_config(
             depth = max_k
         elif policy_path is not None:
             depth = policy.max_k  # the policy file names the drafter's depth
+        elif _full_graphs_here():
+            depth = config.k
+            if policy.max_k > depth:
+                notes.append(
+                    f"Launching at the tuned K={depth}, not the policy's max_k {policy.max_k}: on a GPU only the "
+                    "launch's K replays FULL CUDA graphs, so the controller adapts at and below it (pass --max-k "
+                    "to launch deeper).")
         else:
             depth = max(policy.max_k, config.k)
         if depth < policy.static_k:
@@ -176,6 +183,15 @@ def resolve_tuned_config(
     if not config.speculative:
         return dataclasses.replace(tuned, notes=tuple(notes))
     return _with_priors(store, tuned, device, notes, learn=learn)
+
+
+def _full_graphs_here() -> bool:
+    """Whether vLLM here replays FULL CUDA graphs for a launch's uniform decode steps: a GPU, where its default
+    graph mode is FULL_AND_PIECEWISE (`autotune.engine.predict_variant`); every other step runs PIECEWISE
+    (`policies._graphs`). The CPU build has no graphs."""
+    from autotune.engine._variants import engine_device
+
+    return engine_device() == "cuda"
 
 
 def _drafter_config(drafter: str, max_k: int | None = None) -> SpecConfig:

@@ -98,6 +98,13 @@ class ServingConfig(Protocol):
     @property
     def speculative(self) -> bool: ...
 
+    @property
+    def graph_depth(self) -> int | None:
+        """The depth whose uniform decode steps replay FULL CUDA graphs in this config's launch (its K; 0 without
+        speculation), on a device that has them; None: no step does (vLLM captures a batch-size schedule
+        PIECEWISE only, `policies._graphs`)."""
+        ...
+
     def start(self) -> DepthRule: ...
 
 
@@ -132,6 +139,7 @@ class NoSpeculation:
     label: str = "no speculation"
     kind: str = "none"
     speculative: bool = False
+    graph_depth: int | None = 0
 
     def start(self) -> DepthRule:
         return _FixedRule(lambda b: 0)
@@ -152,6 +160,10 @@ class StaticDepth:
     @property
     def label(self) -> str:
         return f"static K={self.k}"
+
+    @property
+    def graph_depth(self) -> int | None:
+        return self.k
 
     def start(self) -> DepthRule:
         k = self.k
@@ -184,6 +196,10 @@ class BatchSizeSchedule:
     @property
     def label(self) -> str:
         return "vLLM schedule " + " ".join(f"{e.batch_min}-{e.batch_max}:{e.k}" for e in self.entries)
+
+    @property
+    def graph_depth(self) -> int | None:
+        return None  # vLLM forces PIECEWISE for a batch-size schedule
 
     def depth_at(self, batch_size: int) -> int:
         for e in self.entries:
@@ -218,6 +234,9 @@ class Adaptive:
     name: str | None = None
     plugin_ms_per_step: float = 0.0
     off_steps: str = "catch_up"
+    async_scheduling: bool = False
+    """The plugin runs under async scheduling (`PeagleAsyncScheduler`, vLLM's GPU default): a step's depths are
+    planned before the previous step's outcome is known, so the controller learns of each outcome one step late."""
     kind: str = "adaptive"
     speculative: bool = True
 
@@ -227,6 +246,10 @@ class Adaptive:
             raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {ms!r}.")
         if self.off_steps not in OFF_STEP_MODES:
             raise UsageError(f"off_steps must be one of {OFF_STEP_MODES}, but got {self.off_steps!r}.")
+
+    @property
+    def graph_depth(self) -> int | None:
+        return self.policy.max_k  # the launch's K: the controller's deepest depth
 
     @property
     def skips_drafter(self) -> bool:
@@ -250,11 +273,15 @@ class Adaptive:
         else:
             estimator = AcceptanceEstimator(max(policy.max_k, 1), decay=settings.decay)
         off = self.off_steps if self.drafter_width else None
-        return _AdaptiveRule(policy, policy.make_controller(cost, estimator), self.drafter_width, off)
+        return _AdaptiveRule(policy, policy.make_controller(cost, estimator), self.drafter_width, off,
+                             lag=1 if self.async_scheduling else 0)
 
 
 class _AdaptiveRule:
-    def __init__(self, policy: RequestPolicy, controller: Any, drafter_width: bool, off_steps: str | None) -> None:
+    def __init__(self, policy: RequestPolicy, controller: Any, drafter_width: bool, off_steps: str | None,
+                 lag: int = 0) -> None:
+        self.lag = lag
+        self._late: list[tuple[Sequence[StepResult], float | None]] = []
         self.policy = policy
         self.controller = controller
         self.drafter_width = drafter_width
@@ -290,6 +317,11 @@ class _AdaptiveRule:
         return depths, max(depths, default=0)
 
     def observe(self, results: Sequence[StepResult], step_ms: float | None) -> None:
+        if self.lag:
+            self._late.append((results, step_ms))
+            if len(self._late) <= self.lag:
+                return
+            results, step_ms = self._late.pop(0)
         if results:
             self.controller.observe_step(results, step_ms)
 

@@ -62,12 +62,13 @@ class StepShape:
     prompt tokens computed in the step, for ``prefill_requests`` requests (when the drafter runs it reads them too).
     ``catch_up_tokens``: tokens the drafter replays in this step because earlier steps skipped it (drafter-width
     control with ``off_steps="catch_up"``, `policies.plugin.drafter_width`); only with ``drafting_depth > 0``.
-    ``drafter_idle``: the engine has a drafter but skips it in this step (``drafting_depth == 0`` of a speculative
-    engine); False for an engine without speculation. ``drafter_skips_prompt``: the skipped drafter leaves this
-    step's prompt tokens to a later replay (drafter-width control, ``catch_up``): the target alone computes them now;
-    only with ``drafter_idle``. ``deferred_prompt_tokens``: of ``prefill_tokens``, those a running drafter leaves to
-    a later replay (prompts of requests planned at depth 0, ``DrafterWidthSettings.defer_idle_prompts``); only with
-    ``drafting_depth > 0``.
+    ``piecewise``: the step runs PIECEWISE on a device whose launch replays FULL CUDA graphs for its uniform decode
+    step only (`policies._graphs`): it pays the penalty. ``drafter_idle``: the engine has a drafter but skips it in
+    this step (``drafting_depth == 0`` of a speculative engine); False for an engine without speculation.
+    ``drafter_skips_prompt``: the skipped drafter leaves this step's prompt tokens to a later replay (drafter-width
+    control, ``catch_up``): the target alone computes them now; only with ``drafter_idle``.
+    ``deferred_prompt_tokens``: of ``prefill_tokens``, those a running drafter leaves to a later replay (prompts of
+    requests planned at depth 0, ``DrafterWidthSettings.defer_idle_prompts``); only with ``drafting_depth > 0``.
     """
 
     batch_size: int
@@ -80,6 +81,7 @@ class StepShape:
     drafter_idle: bool = False
     drafter_skips_prompt: bool = False
     deferred_prompt_tokens: int = 0
+    piecewise: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 0 or self.prefill_requests < 0 or self.prefill_tokens < 0 or self.drafting_depth < 0 \
@@ -104,10 +106,14 @@ class StepShape:
 
 
 class StepCostSource(Protocol):
-    """Prices an engine step (ms, predicted). ``label`` names the source for provenance."""
+    """Prices an engine step (ms, predicted). ``label`` names the source for provenance. ``full_graphs``: the
+    device replays FULL CUDA graphs for a launch's uniform decode step (a GPU), so other steps pay a penalty."""
 
     @property
     def label(self) -> str: ...
+
+    @property
+    def full_graphs(self) -> bool: ...
 
     def step_ms(self, shape: StepShape) -> float: ...
 
@@ -160,6 +166,11 @@ class FittedStepCost:
         self._label = label
 
     @property
+    def full_graphs(self) -> bool:
+        """The fit was made on a device with FULL graphs (its model knows the launch's FULL-graph depth)."""
+        return self.model.full_graph_depth is not None
+
+    @property
     def label(self) -> str:
         parts = [self._label]
         if self.drafter_token_ms:
@@ -182,6 +193,7 @@ class FittedStepCost:
             shape.verified_tokens + (0 if explicit else shape.prefill_tokens),
             ran,
             shape.drafting_depth,
+            shape.piecewise,
         )
         ms = max(ms, 1e-3) + self.step_overhead_ms
         if explicit:
@@ -245,12 +257,29 @@ class RooflineStepCost:
         self.backend = backend
         self.drafter = drafter
         self.context_bucket = max(int(context_bucket), 1)
-        self._cache: dict[tuple[int, int, int, int, int, int], float] = {}
+        self._cache: dict[tuple[int, int, int, int, int, int, bool], float] = {}
         self._steps: dict[tuple[int, int, int], StepTime] = {}
+        self._piecewise: dict[tuple[int, int, int], float] = {}
 
     @property
     def label(self) -> str:
         return f"model backend {self.backend.step_cost_source}, {self.backend.device}"
+
+    @property
+    def full_graphs(self) -> bool:
+        """A GPU: vLLM's default graph mode there is FULL_AND_PIECEWISE (`autotune.engine.predict_variant`)."""
+        return True
+
+    def piecewise_ms(self, drafting_depth: int, context: int) -> float:
+        """The PIECEWISE penalty of a step whose drafter drafts ``drafting_depth`` (0: a plain launch's step):
+        `ModelBackend.piecewise_penalty_ms` of that launch, calibrated."""
+        key = (-1, drafting_depth, context)
+        cached = self._piecewise.get(key)
+        if cached is None:
+            config = SpecConfig() if drafting_depth == 0 or self.drafter is None else \
+                self.drafter.with_(num_speculative_tokens=drafting_depth)
+            cached = self._piecewise[key] = self.backend.piecewise_penalty_ms(config, float(context))
+        return cached
 
     def _step(self, batch: int, k: int, context: int) -> StepTime:
         key = (batch, k, context)
@@ -279,7 +308,7 @@ class RooflineStepCost:
         context = max(bucket, int(round(shape.context_tokens / bucket)) * bucket)
         draft_depth = shape.drafting_depth if self.drafter is not None else 0
         key = (shape.batch_size, shape.verified_tokens, draft_depth, context, shape.prefill_tokens,
-               shape.prefill_requests)
+               shape.prefill_requests, shape.piecewise)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -298,6 +327,8 @@ class RooflineStepCost:
             verify += self._prefill_marginal_ms(shape, context)
         calibration = self.backend.calibration
         ms = calibration.apply(verify + spec, draft) if calibration is not None else verify + spec + draft
+        if shape.piecewise:
+            ms += self.piecewise_ms(draft_depth, context)
         self._cache[key] = ms
         return ms
 
@@ -326,17 +357,18 @@ def controller_cost_model(
     grid of batch sizes x uniform verified depths 0..max_k, plus no-speculation steps (the profile's baseline
     launch). ``drafter_always_runs``: depth applied by trimming (the drafter drafts max_k in every step, as the
     shipped plugin does with parallel drafting); False: the drafter drafts the verified depth and skips depth 0.
+    The samples are priced as FULL-graph steps; `StepCostModel.with_graphs` adds the PIECEWISE prior for a launch.
     """
     if not batch_sizes:
         raise UsageError("controller_cost_model needs at least one batch size.")
     samples = []
     for b in sorted(set(batch_sizes)):
         plain = source.step_ms(StepShape(b, b, 0, context_tokens))
-        samples.append(StepSample(b, 0, plain, verified_tokens=b, drafter_ran=False))
+        samples.append(StepSample(b, 0, plain, verified_tokens=b, drafter_ran=False, piecewise=False))
         for k in range(max_k + 1):
             d = max_k if drafter_always_runs else k
             if d == 0:
                 continue
             ms = source.step_ms(StepShape(b, b * (k + 1), d, context_tokens))
-            samples.append(StepSample(b, k, ms, verified_tokens=b * (k + 1), drafter_ran=True))
+            samples.append(StepSample(b, k, ms, verified_tokens=b * (k + 1), drafter_ran=True, piecewise=False))
     return StepCostModel.fit(samples)

@@ -227,6 +227,9 @@ class _Simulation:
         if not (math.isfinite(plugin_ms) and plugin_ms >= 0):
             raise UsageError(f"plugin_ms_per_step must be a finite number >= 0 ms, but got {plugin_ms}.")
         self.plugin_ms = plugin_ms
+        # CUDA graphs: on a device with FULL graphs only the uniform decode step at the launch's K replays them.
+        self.graphs = bool(getattr(cost, "full_graphs", False))
+        self.graph_depth = getattr(config, "graph_depth", None)
 
         # Arrivals: open loop draws every request's time up front; closed loop releases them as clients free up.
         self.timed: deque[tuple[float, int, SimRequest]] = deque()
@@ -314,8 +317,10 @@ class _Simulation:
         idle = self.speculative and drafting == 0
         skips_prompt = self.track and idle and prefill_tokens > 0
         context = sum(x.context for x in decoding) / len(decoding) if decoding else 0.0
+        full = self.graph_depth
+        piecewise = self.graphs and (full is None or prefill_tokens > 0 or verified != len(decoding) * (full + 1))
         shape = StepShape(len(decoding), verified, drafting, context, prefill_tokens, len(chunks), catch_up, idle,
-                          skips_prompt, deferred_prompt)
+                          skips_prompt, deferred_prompt, piecewise)
         step_ms = self.cost.step_ms(shape)  # what the controller learns from: the engine's step, not the plugin's
         self._count(step_ms, len(decoding), catch_up, drafting, idle, skips_prompt)
         for x, k in zip(planned_for, planned, strict=True):

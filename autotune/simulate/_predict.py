@@ -78,6 +78,8 @@ def predict(
             "context_tokens": setup.context_tokens,
             "controller": None if policy is None else policy.controller.to_dict(),
             "workloads": {name: [p.name for p in phases] for name, phases in workloads.items()},
+            "cuda_graphs": setup.cost.full_graphs,
+            "async_scheduling": setup.cost.full_graphs if setup.async_scheduling is None else setup.async_scheduling,
         },
         rows=rows,
         warnings=list(setup.warnings),

@@ -19,7 +19,10 @@ production: priors from the class profiles, a linear step-cost model fitted to a
 (`controller_cost_model` for a GPU; the stored fit for a profile), the best static K for the mix as fallback.
 Drafter-width control treats off-steps as the plugin's workers would for the drafter (`off_step_mode`: a token-only
 ``draft_model`` drafter skips and catches up; an EAGLE head, such as the GPU catalog's P-EAGLE drafters, runs a
-one-slot sync pass); the simulator assumes synchronous scheduling.
+one-slot sync pass). On a GPU (the roofline) steps other than a launch's uniform decode step pay the PIECEWISE
+CUDA-graph penalty (`policies._graphs`), the controller launches at the static K and prices the penalty too, and the
+plugin schedules async as vLLM does there (its decisions one step late); on a profile of the CPU build there are no
+graphs and scheduling is synchronous.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_KINDS",
+    "SYNC_HOST_SHARE",
     "Setup",
     "gpu_setup",
     "mean_context",
@@ -68,6 +72,9 @@ __all__ = [
 ]
 
 CONFIG_KINDS = ("none", "static", "schedule", "adaptive", "adaptive-width")
+SYNC_HOST_SHARE = 0.034
+"""Host time per step that async scheduling overlaps and synchronous scheduling pays, as a share of the single-stream
+step: vLLM PR #25872 measured ~3.4% TPOT at concurrency 1 from the overlap alone (EAGLE-3)."""
 
 
 @dataclass
@@ -89,6 +96,11 @@ class Setup:
     warnings: list[str] = field(default_factory=list)
     off_steps: str = "catch_up"
     """What drafter-width control does in a step where every depth is 0 (`off_step_mode` of the drafter)."""
+    async_scheduling: bool | None = None
+    """How the adaptive configs' plugin schedules; None: as vLLM would on the device (async on a GPU, whose
+    `StepCostSource.full_graphs` is True; sync on the CPU build). Plain vLLM (no speculation, static, schedule) runs
+    as vLLM would. Synchronous scheduling on a GPU pays the host time async overlaps: `SYNC_HOST_SHARE` of the
+    launch's single-stream step, per step."""
     parallel_drafting: bool = True
     """The drafter drafts all positions in one pass (P-EAGLE, PARD): a vLLM schedule's K = 0 step still runs its
     K-slot pass (`BatchSizeSchedule`); a sequential drafter runs one pass then."""
@@ -145,24 +157,35 @@ class Setup:
         if kinds & {"adaptive", "adaptive-width"}:
             policy = self.controller_policy(max_num_seqs, token_weights)
             priors = dict(self.acceptance.profiles)
+            gpu = self.cost.full_graphs
+            graphs = policy.max_k if gpu else None  # the launch's FULL-graph depth
+            run_async = gpu if self.async_scheduling is None else self.async_scheduling
+            host_ms = 0.0 if run_async or not gpu else SYNC_HOST_SHARE * self.uniform_step_ms(1, policy.max_k)
             if "adaptive" in kinds:
-                out.append(Adaptive(policy, self.controller_cost[False], priors, drafter_width=False))
+                out.append(Adaptive(policy, self.controller_cost[False].with_graphs(graphs), priors,
+                                    drafter_width=False, async_scheduling=run_async, plugin_ms_per_step=host_ms))
             if "adaptive-width" in kinds:
-                out.append(Adaptive(policy, self.controller_cost[True], priors, drafter_width=True,
-                                    off_steps=self.off_steps))
+                out.append(Adaptive(policy, self.controller_cost[True].with_graphs(graphs), priors,
+                                    drafter_width=True, off_steps=self.off_steps, async_scheduling=run_async,
+                                    plugin_ms_per_step=host_ms))
         return out
 
     def controller_policy(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> RequestPolicy:
-        """The user's policy (max_k clipped to the drafter's K), or defaults with the predicted best static K."""
+        """The user's policy (max_k clipped to the drafter's K), or defaults with the predicted best static K.
+
+        On a device with FULL CUDA graphs the default launch is at that static K, as `peagle-tune serve` launches
+        there: only the launch's K replays FULL graphs, so a deeper launch would pay the PIECEWISE penalty at every
+        depth the controller picks below it (`policies._graphs`). Without graphs the launch is at the drafter's K."""
         if self.policy is not None:
             p = self.policy
             if p.max_k > self.max_k:
                 p = replace(p, max_k=self.max_k, static_k=min(p.static_k, self.max_k))
             return p
         classes = sorted(token_weights)
+        static_k = self.best_static(max_num_seqs, token_weights)
         return RequestPolicy(
-            static_k=self.best_static(max_num_seqs, token_weights),
-            max_k=self.max_k,
+            static_k=static_k,
+            max_k=static_k if self.cost.full_graphs else self.max_k,
             default_class=classes[0] if classes else "chat",
         )
 

@@ -17,24 +17,29 @@ from collections.abc import Iterable
 from typing import Any
 
 from policies import AcceptanceEstimator, AcceptanceProfile, DepthController, RequestPolicy, StepCostModel
+from policies._graphs import full_graph_depth
 from policies.errors import ControllerFault, PluginConfigError, PluginFault
 from policies.plugin.config import PluginConfig
 
 __all__ = ["build_controller", "check_plugin_fault", "inject_controller_fault"]
 
 
-def build_controller(config: PluginConfig, max_k: int) -> tuple[RequestPolicy, DepthController]:
+def build_controller(config: PluginConfig, max_k: int,
+                     graph_mode: str | None = None) -> tuple[RequestPolicy, DepthController]:
     """The request policy and depth controller of an adaptive config, for a drafter with K = ``max_k``.
 
     The policy's max_k (and static_k) are clipped to the engine's K: the controller never asks for drafts the engine
     does not make. The estimator is seeded from ``adaptive.acceptance`` with the policy's ``prior_strength``.
+    ``graph_mode``: the engine's CUDA-graph mode (vLLM's ``compilation_config.cudagraph_mode`` name; None: no
+    graphs): with FULL graphs the cost model prices every step but the uniform one at ``max_k`` PIECEWISE
+    (`policies._graphs`), so the controller leaves K only where the saving beats that.
     """
     if config.adaptive is None:
         raise PluginConfigError("build_controller needs a config with an 'adaptive' section.")
     policy = RequestPolicy.from_dict(dict(config.adaptive["policy"]), source="adaptive.policy")
     if policy.max_k > max_k:
         policy = dataclasses.replace(policy, max_k=max_k, static_k=min(policy.static_k, max_k))
-    cost = StepCostModel.from_dict(config.adaptive["cost_model"])
+    cost = StepCostModel.from_dict(config.adaptive["cost_model"]).with_graphs(full_graph_depth(graph_mode, max_k))
     profiles = {
         str(name): AcceptanceProfile.from_dict(p) for name, p in (config.adaptive.get("acceptance") or {}).items()
     }

@@ -99,6 +99,15 @@ __all__ = ["PeagleAsyncScheduler", "PeagleScheduler"]
 logger = init_logger("vllm.peagle_scheduler")
 
 
+def _graph_mode(vllm_config: Any) -> str | None:
+    """The engine's CUDA-graph mode name as vLLM settled it (``compilation_config.cudagraph_mode``, e.g.
+    FULL_AND_PIECEWISE on a GPU, NONE on the CPU build); None when unknown."""
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    if mode is None:
+        return None
+    return str(getattr(mode, "name", mode))
+
+
 class PeagleScheduler(Scheduler):
     """vLLM's Scheduler plus per-request verified-depth control and step/acceptance statistics.
 
@@ -183,11 +192,12 @@ class PeagleScheduler(Scheduler):
             "async_scheduling": async_on or self._async,
             "drafter_width": width.info(),
             "max_num_seqs": self.scheduler_config.max_num_seqs,
+            "cudagraph_mode": _graph_mode(self.vllm_config),
         })
         if k == 0:
             logger.warning("PeagleScheduler: no speculative decoding configured; recording step times only.")
         if config.mode == "adaptive" and k > 0:
-            decider.policy, decider.controller = build_controller(config, k)
+            decider.policy, decider.controller = build_controller(config, k, _graph_mode(self.vllm_config))
             if width.skip:  # a step where every request is at depth 0 costs no drafter pass
                 decider.set_drafter_always_runs(False)
         # Request labels are resolved by the operator's policy when there is one (clients never raise their cap),
