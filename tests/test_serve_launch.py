@@ -93,6 +93,24 @@ def test_broken_policy_file_error_names_the_key(store: Store, tmp_path: Path) ->
         resolve_tuned_config(store, MODEL, device="cpu", policy_path=typo)
 
 
+def test_on_a_gpu_serve_launches_at_the_tuned_k_whose_steps_replay_full_graphs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The device is the stand-in: vLLM's GPU build with a visible GPU, where the default graph mode is
+    # FULL_AND_PIECEWISE. Only the launch's K replays FULL graphs, so serve launches at the tuned K=3, not the policy's
+    # max_k 5 (the CPU build launches at 5: the test below).
+    import autotune.engine._variants as variants
+
+    monkeypatch.setattr(variants, "engine_device", lambda *a, **k: "cuda")
+    add_recommendation(store, k=3)
+    add_profile(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    assert tuned.spec.k == 3 and tuned.policy.max_k == 3 and tuned.static_k == 3
+    assert any("FULL CUDA graphs" in note and "--max-k" in note for note in tuned.notes)
+    deeper = resolve_tuned_config(store, MODEL, device="cpu", max_k=5)  # the user asks for a deeper launch
+    assert deeper.spec.k == 5
+
+
 def test_recommendation_policy_with_the_newest_profile_gives_an_adaptive_plugin(store: Store) -> None:
     add_recommendation(store, k=3)
     pid = add_profile(store)
