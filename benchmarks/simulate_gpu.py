@@ -1,8 +1,10 @@
-"""Predicted serving of gpt-oss-120b on H200 and B200 by simulation (a script that prints figures, not a test).
+"""Predicted serving on GPUs by simulation (a script that prints figures, not a test): by default gpt-oss-120b on
+H200 and gpt-oss-20b on B200.
 
 Usage::
 
-    python -m benchmarks.simulate_gpu [--gpus h200,b200] [--concurrency 1,8,64] [--out FILE.md] [--sweep]
+    python -m benchmarks.simulate_gpu [--targets gpt-oss-120b:h200,gpt-oss-20b:b200] [--concurrency 1,8,64]
+                                      [--out FILE.md] [--sweep]
 
 What it does (all PREDICTED, nothing measured; `autotune.simulate`):
 
@@ -11,8 +13,10 @@ What it does (all PREDICTED, nothing measured; `autotune.simulate`):
    ``max_num_seqs = c``;
 2. configs: no speculation, static K = 1..8, vLLM's batch-size schedule, the adaptive controller with trimming (the
    shipped plugin) and with drafter-width control (issue 10), and the per-phase oracle;
-3. step times from the model backend's roofline for the GPU, acceptance from the P-EAGLE head's published
-   acceptance (catalog curve), i.i.d. and with autocorrelation;
+3. step times from the model backend's roofline for the GPU, with vLLM's CUDA-graph modes (a launch's uniform
+   decode steps FULL, every other step and a schedule's every step PIECEWISE) and async scheduling, as
+   `peagle-tune simulate` prices them; acceptance from the P-EAGLE head's published acceptance (catalog curve),
+   i.i.d. and with autocorrelation;
 4. with ``--sweep``: the adaptive controller under other `ControllerSettings`, to choose GPU defaults.
 
 The tables it prints are what docs/benchmarks/simulate.md quotes.
@@ -32,7 +36,7 @@ from typing import Any
 
 from benchmarks.common import REPO
 
-MODEL = "gpt-oss-120b"
+TARGETS = "gpt-oss-120b:h200,gpt-oss-20b:b200"
 CLASSES = ["chat", "code"]
 
 
@@ -56,18 +60,19 @@ def workloads_for(concurrency: int) -> dict[str, Any]:
     return {s: phases_from_workload(w, s, n, classes=CLASSES) for s in ("shifting", "stationary")}
 
 
-def run_cell(gpu: str, concurrency: int, *, rho: float = 0.0, settings: Any = None,
+def run_cell(target: str, concurrency: int, *, rho: float = 0.0, settings: Any = None,
              kinds: tuple[str, ...] | None = None, seed: int = 0, local_fit: bool = False,
              max_k: int | None = None) -> Any:
-    """One GPU at one concurrency, both workload shapes. ``local_fit``: the controller's cost model is fitted on
-    batch sizes c/2..2c only (a profile at the serving concurrency) instead of 1..64. ``max_k``: the drafter's K
-    (default: its trained K, 8)."""
+    """One ``MODEL:GPU`` target at one concurrency, both workload shapes. ``local_fit``: the controller's cost
+    model is fitted on batch sizes c/2..2c only (a profile at the serving concurrency) instead of 1..64. ``max_k``:
+    the drafter's K (default: its trained K)."""
     from autotune.simulate import CONFIG_KINDS, gpu_setup, predict
     from policies import RequestPolicy
 
+    model, gpu = target.split(":")
     workloads = workloads_for(concurrency)
     sizes = sorted({max(1, concurrency // 2), concurrency, 2 * concurrency}) if local_fit else None
-    setup = gpu_setup(MODEL, gpu, workloads, autocorrelation=rho, seed=seed, controller_batch_sizes=sizes,
+    setup = gpu_setup(model, gpu, workloads, autocorrelation=rho, seed=seed, controller_batch_sizes=sizes,
                       max_k=max_k)
     if settings is not None:
         from autotune.simulate import token_weights
@@ -90,10 +95,10 @@ def main_tables(gpus: list[str], concurrencies: list[int], rho: float) -> tuple[
             cells[(gpu, c)] = res
         assert setup is not None
         first = results[concurrencies[0]]
-        lines.append(f"### {first.device}")
+        lines.append(f"### {first.model} on {first.device}")
         lines.append("")
         lines.append(f"Acceptance: {first.acceptance_source}. Step cost: {first.step_cost_source}. Controller's cost "
-                     f"model: linear fit of that cost over batch sizes 1-64 x K 0-8 (median error "
+                     f"model: linear fit of that cost over batch sizes 1-64 (median error "
                      f"{first.controller_cost_fit['median_rel_error']:.1%}, max "
                      f"{first.controller_cost_fit['max_rel_error']:.1%}).")
         lines.append("")
@@ -141,7 +146,7 @@ def summary_table(cells: dict[Any, Any], gpus: list[str], concurrencies: list[in
                 trim = by_kind["adaptive (trim)"]
                 width = by_kind["adaptive (drafter width)"]
                 lines.append(
-                    f"| {gpu.upper()} | {s} | {c} | {best.config} ({best.speedup_vs_no_spec:.2f}x none) | "
+                    f"| {_name(gpu)} | {s} | {c} | {best.config} ({best.speedup_vs_no_spec:.2f}x none) | "
                     f"{trim.output_tokens_per_s / best.output_tokens_per_s:.3f} | "
                     f"{width.output_tokens_per_s / best.output_tokens_per_s:.3f} | "
                     f"{by_kind['schedule'].output_tokens_per_s / best.output_tokens_per_s:.3f} | "
@@ -213,9 +218,14 @@ def rho_table(gpus: list[str], concurrencies: list[int]) -> list[str]:
                 for s in ("shifting",):
                     best = res.best(s, c, ("none", "static"))
                     width = next(r for r in res.rows_for(s, c) if r.config == "adaptive (drafter width)")
-                    lines.append(f"| {rho} | {gpu.upper()} | {s} | {c} | {best.output_tokens_per_s:.0f} "
+                    lines.append(f"| {rho} | {_name(gpu)} | {s} | {c} | {best.output_tokens_per_s:.0f} "
                                  f"({best.config}) | {width.output_tokens_per_s / best.output_tokens_per_s:.3f} |")
     return lines
+
+
+def _name(target: str) -> str:
+    model, gpu = target.split(":")
+    return f"{model} {gpu.upper()}"
 
 
 def _geo(values: list[tuple[float, str]]) -> float:
@@ -224,13 +234,16 @@ def _geo(values: list[tuple[float, str]]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpus", default="h200,b200")
+    parser.add_argument("--targets", default=TARGETS, help="MODEL:GPU pairs (comma-separated)")
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--rho", type=float, default=0.0, help="acceptance autocorrelation of the main tables")
     parser.add_argument("--sweep", action="store_true", help="also sweep controller settings and rho")
     parser.add_argument("--out", type=Path, default=None, help="write the tables (markdown) here")
     args = parser.parse_args(argv)
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    gpus = [g.strip() for g in args.targets.split(",") if g.strip()]
+    for target in gpus:
+        if target.count(":") != 1:
+            parser.error(f"--targets takes MODEL:GPU pairs, e.g. {TARGETS}; got {target!r}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     started = time.perf_counter()
     out = [f"Generated by `python -m benchmarks.simulate_gpu{' --sweep' if args.sweep else ''}` on "
