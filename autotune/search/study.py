@@ -597,6 +597,9 @@ class Search:
         note = result.confirmation
         assert note is not None
         note["launches"] = len(launched)  # fresh launches made (a re-run reads them back from the study)
+        info = best.extra.get("in_launch")
+        if isinstance(info, dict) and info.get("first_phase_outliers"):  # a first phase slower than its shape's later
+            note["first_phase_outliers"] = info["first_phase_outliers"]  # ones, in the best's drafter launch
         if len(candidates) > 1:
             note["graph_mode"] = best.provenance.cudagraph_mode
             note["in_launch_best"] = best.config.label()
