@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.measurement import Measurement
 from autotune.spec import SpecConfig
@@ -30,9 +30,13 @@ __all__ = [
     "format_per_drafter",
     "is_plain_eagle3",
     "per_drafter",
+    "pick_tied",
     "tie_key",
     "tie_margin",
+    "tie_note",
 ]
+
+T = TypeVar("T")
 
 #: Scores within this relative distance of the best are ties, broken by `tie_key` (the search's own rule).
 TIE = 1e-3
@@ -42,6 +46,35 @@ def tie_margin(log_sigma: float = 0.0) -> float:
     """Relative gap under which a config ties the best: `TIE`, or the best's predicted spread (one sigma, log scale)
     when wider (a predicted win inside the noise of the prediction goes to the simpler config by `tie_key`)."""
     return max(TIE, 1.0 - math.exp(-log_sigma))
+
+
+def pick_tied(
+    items: Sequence[T], score: Callable[[T], float], margin: float, order: Callable[[T], Any]
+) -> tuple[T, list[T]]:
+    """The one pick rule: among `items`, those whose `score` (higher is better) lies within `margin` (relative, e.g.
+    `tie_margin`) of the best tie; the tie goes to the smallest `order` (`tie_key` of their configs), then the
+    better score. Returns (chosen, every tied item). Used by the search, each drafter's best, the schedule, the
+    report's K sweep and simulate's best static, so they name the same K for the same figures.
+
+    >>> pick_tied([(3, 445.0), (4, 454.0), (5, 450.0)], lambda t: t[1], 0.048, lambda t: t[0])
+    ((3, 445.0), [(3, 445.0), (4, 454.0), (5, 450.0)])
+    """
+    if not items:
+        raise ValueError("pick_tied needs at least one item; got none.")
+    top = max(score(i) for i in items)
+    tied = [i for i in items if score(i) >= top - abs(top) * margin]
+    return min(tied, key=lambda i: (order(i), -score(i))), tied
+
+
+def tie_note(tied_ks: Iterable[int], chosen_k: int, margin: float) -> str | None:
+    """One line saying that several K tie and which was chosen, e.g. ``K 3-5 within 4.8%; K=3 chosen: fewer
+    verified tokens``; None when only one K is within `margin` of the best."""
+    ks = sorted(set(tied_ks) | {chosen_k})
+    if len(ks) < 2:
+        return None
+    span = f"{ks[0]}-{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) else ",".join(map(str, ks))
+    why = "fewer verified tokens" if chosen_k == ks[0] else "max_num_seqs within the concurrency"
+    return f"K {span} within {margin:.1%}; K={chosen_k} chosen: {why}"
 
 
 def tie_key(config: SpecConfig, concurrency: int | None) -> tuple[bool, int, int, int]:
@@ -170,9 +203,7 @@ def _best(outcomes: Sequence[TrialOutcome], score: Callable[[TrialOutcome], floa
           concurrency: int | None = None) -> TrialOutcome:
     pool = [o for o in outcomes if o.feasible] or list(outcomes)
     best = max(pool, key=score)
-    top = score(best)
-    tied = [o for o in pool if score(o) >= top - abs(top) * tie_margin(best.log_sigma)]
-    return min(tied, key=lambda o: (*tie_key(o.config, concurrency), -score(o)))
+    return pick_tied(pool, score, tie_margin(best.log_sigma), lambda o: tie_key(o.config, concurrency))[0]
 
 
 def per_drafter(

@@ -30,7 +30,16 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import UsageError
 from autotune.measurement import Measurement
 from autotune.safe_text import shell_word
-from autotune.search.compare import TIE, DrafterBest, TrialOutcome, per_drafter, tie_key, tie_margin
+from autotune.search.compare import (
+    TIE,
+    DrafterBest,
+    TrialOutcome,
+    per_drafter,
+    pick_tied,
+    tie_key,
+    tie_margin,
+    tie_note,
+)
 from autotune.search.objective import MissingFigureError, Objective, measurement_metrics, speedup_range
 from autotune.search.schedule import ScheduleEntry
 from autotune.search.space import SearchSpace
@@ -110,6 +119,9 @@ class ScenarioResult:
     per_drafter: list[DrafterBest] = field(default_factory=list)
     """The best config of every drafter variant searched (drafter, layers, parallel drafting, hypothetical), fastest
     first, with speedups over no speculation and over the best plain EAGLE-3 head (`autotune.search.compare`)."""
+    tie: str | None = None
+    """When several K tie with the recommendation (within the tie margin): which, and why its K was chosen
+    (`autotune.search.compare.tie_note`); None when one K stands out."""
     stored_before: bool = False
     """The recommendation was already stored by an earlier run of the same study with the same result, so this run
     reported that one (`recommendation_id`) instead of storing a duplicate."""
@@ -155,6 +167,8 @@ class ScenarioResult:
         if self.hypothetical:
             metrics["hypothetical_drafter"] = True
             metrics["hypothetical_note"] = self.hypothetical
+        if self.tie:
+            metrics["tie_note"] = self.tie
         if self.per_drafter:
             metrics["per_drafter"] = [r.to_dict() for r in self.per_drafter]
         if self.confirmation is not None:
@@ -182,7 +196,6 @@ def rule(objective: Objective, feasible: bool, margin: float = TIE) -> str:
             "recommended"
         )
     meeting = f" among configs meeting {slos}" if slos else ""
-    margin = TIE if objective.multi else margin  # the Pareto front's points tie within 0.1% (`pick`)
     within = f"{margin:.1%}" + (" (the prediction's spread)" if margin > TIE else "")
     tie = (f"; ties within {within} go to max_num_seqs <= the concurrency, then the smallest K, then max_num_seqs "
            "closest to the concurrency")
@@ -192,17 +205,21 @@ def rule(objective: Objective, feasible: bool, margin: float = TIE) -> str:
     return f"{what}{meeting}{tie}"
 
 
-def pareto_front(study: optuna.Study, config_of: ConfigOf) -> list[FrozenTrial]:
-    """study.best_trials (feasible-only when SLOs are set), one trial per config, by throughput."""
-    seen: set[SpecConfig] = set()
-    out: list[FrozenTrial] = []
+def pareto_front(study: optuna.Study, config_of: ConfigOf, concurrency: int | None = None) -> list[FrozenTrial]:
+    """study.best_trials (feasible-only when SLOs are set), one trial per point (identical figures: the config
+    `tie_key` at `concurrency` puts first), by throughput."""
+    seen: dict[tuple[float, ...], FrozenTrial] = {}
     for t in sorted(study.best_trials, key=lambda t: (-float(t.values[0]), t.number)):
         config = config_of(t)
-        if trial_info(t).get("duplicate_of") is not None or config is None or config in seen:
+        if trial_info(t).get("duplicate_of") is not None or config is None:
             continue
-        seen.add(config)
-        out.append(t)
-    return out
+        # One point per position: configs with identical figures (max_num_seqs 64 and 128 at concurrency 64, or
+        # the same config tried twice) are one point, the config the tie order puts first (`tie_key`).
+        values = tuple(float(v) for v in t.values)
+        kept = seen.get(values)
+        if kept is None or tie_key(config, concurrency) < tie_key(config_of(kept) or config, concurrency):
+            seen[values] = t
+    return list(seen.values())
 
 
 def pick(
@@ -216,21 +233,17 @@ def pick(
     if objective.multi:
         if not front:  # constrained and nothing feasible
             return _closest(complete), False
-        top = max(float(t.values[0]) for t in front)
-        tied = [t for t in front if float(t.values[0]) >= top - abs(top) * TIE]
-        key = _tie_key(scenario, config_of)
-        return min(tied, key=lambda t: (*key(t), -float(t.values[0]))), True
+        top = max(front, key=lambda t: float(t.values[0]))
+        return pick_tied(front, lambda t: float(t.values[0]), tie_margin(prediction_log_sigma(top)),
+                         _tie_key(scenario, config_of))[0], True
     meeting = [t for t in complete if feasible(t) and t.value is not None]
     if not meeting:
         return _closest(complete), False
     sign = 1.0 if objective.directions[0] == "maximize" else -1.0
     best = max(meeting, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
-    top = sign * float(best.value)  # type: ignore[arg-type]
-    margin = tie_margin(prediction_log_sigma(best))
-    tied = [t for t in meeting if sign * float(t.value) >= top - abs(top) * margin]  # type: ignore[arg-type]
-    key = _tie_key(scenario, config_of)
     # Configs the tie key cannot tell apart (another drafter at the same K and max_num_seqs): the better figure.
-    return min(tied, key=lambda t: (*key(t), -sign * float(t.value))), True  # type: ignore[arg-type]
+    return pick_tied(meeting, lambda t: sign * float(t.value),  # type: ignore[arg-type]
+                     tie_margin(prediction_log_sigma(best)), _tie_key(scenario, config_of))[0], True
 
 
 def prediction_log_sigma(t: FrozenTrial) -> float:
@@ -373,7 +386,8 @@ def summarize(
             f"{len(running)} running elsewhere): {'; '.join(reasons)[:500]}. Fix the cause above "
             f"(see `peagle-tune show --trials {shell_word(study.study_name)}`) and run again."
         )
-    front = [t for t in pareto_front(study, config_of) if finite_trial(t)] if objective.multi else []
+    front = [t for t in pareto_front(study, config_of, scenario.concurrency) if finite_trial(t)] \
+        if objective.multi else []
     chosen, ok = pick_released(objective, complete, front, scenario, space, config_of)
     config = config_of(chosen)
     assert config is not None
@@ -387,6 +401,13 @@ def summarize(
             per_variant = [_moved(row, twin, candidate) if row.best_config == config else row for row in per_variant]
             best, config = candidate, twin
             constraints = objective.constraints(measurement_metrics(candidate))
+    if ok:  # the recommended variant's row shows the recommended config (a Pareto pick may be slower than its best)
+        per_variant = [_moved(row, config, best) if _variant_of(row.best_config) == _variant_of(config)
+                       and row.best_config != config else row for row in per_variant]
+    points = [_point(space, t) for t in front]
+    if ok and objective.multi and all(p.config != config for p in points):  # the pick moved within the concurrency
+        points = [dataclasses.replace(p, config=config, metrics=measurement_metrics(best)) if p.trial == chosen.number
+                  else p for p in points]
     seqs, mnbt = config.max_num_seqs, config.max_num_batched_tokens
     baseline = lookup(space.no_spec(seqs, mnbt))
     choice = space.names.get(str(config.drafter)) if config.speculative else None
@@ -411,14 +432,47 @@ def summarize(
             f"; {len(excluded)} trial{'s' if len(excluded) != 1 else ''} with NaN or infinite figures left out"
             if excluded else ""
         ),
-        pareto=[_point(space, t) for t in front],
+        pareto=points,
         hypothetical=(
             f"{hypo.name} is HYPOTHETICAL ({hypo.note or 'an unreleased variant'}): no checkpoint exists, so vLLM "
             "cannot serve it" if hypo else None
         ),
         constraints=constraints,
         per_drafter=per_variant,
+        tie=_tie(objective, complete, front, chosen, config, space, config_of) if ok else None,
     )
+
+
+def _tie(
+    objective: Objective,
+    complete: Sequence[FrozenTrial],
+    front: Sequence[FrozenTrial],
+    chosen: FrozenTrial,
+    config: SpecConfig,
+    space: SearchSpace,
+    config_of: ConfigOf,
+) -> str | None:
+    """`tie_note` of the pick: the K of every config that tied with the best in the pool `pick` chose from (the
+    Pareto front for pareto; released drafters when the pick is one), within the same margin."""
+    chosen_config = config_of(chosen)
+    released = chosen_config is not None and space.hypothetical(chosen_config) is None
+
+    def in_pool(t: FrozenTrial) -> bool:
+        c = config_of(t)
+        return c is not None and c.speculative and (not released or space.hypothetical(c) is None)
+
+    sign = 1.0 if objective.directions[0] == "maximize" else -1.0
+    pool = [t for t in front if in_pool(t)] if objective.multi else \
+        [t for t in complete if feasible(t) and t.value is not None and in_pool(t)]
+
+    def score(t: FrozenTrial) -> float:
+        return sign * float(t.values[0])
+
+    if not pool or not config.speculative:
+        return None
+    margin = tie_margin(prediction_log_sigma(max(pool, key=score)))
+    tied = pick_tied(pool, score, margin, lambda t: 0)[1]
+    return tie_note([c.k for t in tied if (c := config_of(t)) is not None], config.k, margin)
 
 
 def _positive(value: float | None) -> bool:
@@ -450,6 +504,10 @@ def _finite(m: Measurement | None) -> Measurement | None:
         return None
     figures = (m.output_tokens_per_s, m.tpot_ms_p50, m.tpot_ms_p99, m.ttft_ms_p50, m.ttft_ms_p99, m.speedup_vs_no_spec)
     return None if _non_finite([f for f in figures if f is not None]) else m
+
+
+def _variant_of(c: SpecConfig) -> tuple[Any, ...]:
+    return (c.drafter, c.drafter_layers, c.parallel_drafting)
 
 
 def _moved(row: DrafterBest, config: SpecConfig, m: Measurement) -> DrafterBest:

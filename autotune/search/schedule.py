@@ -24,22 +24,23 @@ class ScheduleEntry:
 
 
 def best_depth_per_batch(
-    goodput: Callable[[int, int], float], batch_sizes: Sequence[int], ks: Sequence[int]
+    goodput: Callable[[int, int], float], batch_sizes: Sequence[int], ks: Sequence[int], margin: float = 0.0
 ) -> dict[int, int]:
-    """For each batch size, the depth in `ks` with the highest goodput (tokens/s); ties go to the smaller K,
-    which verifies fewer tokens for the same output.
+    """For each batch size, the depth in `ks` with the highest goodput (tokens/s), by the search's pick rule
+    (`autotune.search.compare.pick_tied`): depths within `margin` (relative; the figures' spread, `tie_margin`) of
+    the best tie, and the smallest of them wins, which verifies fewer tokens for the same output.
 
     >>> best_depth_per_batch(lambda b, k: b * (1 + k) / (1 + 0.1 * b * k), [1, 64], [0, 1, 4])
     {1: 4, 64: 0}
+    >>> best_depth_per_batch(lambda b, k: b * (1 + k) / (1 + 0.1 * b * k), [1], [0, 1, 4], margin=0.5)
+    {1: 1}
     """
+    from autotune.search.compare import pick_tied
+
     out: dict[int, int] = {}
     for b in batch_sizes:
-        best_k, best = ks[0], goodput(b, ks[0])
-        for k in ks[1:]:
-            value = goodput(b, k)
-            if value > best * (1 + 1e-9):
-                best_k, best = k, value
-        out[b] = best_k
+        values = {k: goodput(b, k) for k in ks}
+        out[b] = pick_tied(list(ks), values.__getitem__, max(margin, 1e-9), lambda k: k)[0]
     return out
 
 

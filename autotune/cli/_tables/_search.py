@@ -20,6 +20,7 @@ from autotune.cli._tables._cells import (
     no_tail,
     pd_cell,
     plain_table,
+    queue_notes,
     ranged,
     ranges_legend,
     seqs_cell,
@@ -119,8 +120,27 @@ def results_table(run: SearchRun, *, wide: bool = False) -> Group:
                                                      for r, s, sigma in speedups)
     rise = speedup_rise_note((r.scenario.concurrency, s, measurement_metrics(r.best).get("step_breakdown_ms"))
                              for r, s, _sigma in speedups if r.feasible)
+    queues = queue_notes((r.scenario.concurrency, r.best.config.max_num_seqs, measurement_metrics(r.best))
+                         for r in run.results if r.feasible)
     return titled(results_title(run), table, legend, key, out_of_cell, rise, QUEUE_LEGEND if queued else None,
-                  slo_note(run), *deployment_notes(run))
+                  *queues, slo_note(run), *deployment_notes(run), *pick_notes(run))
+
+
+def pick_notes(run: SearchRun) -> list[str]:
+    """Per concurrency, the K that tied with the pick (`ScenarioResult.tie`) and the tuned config against its
+    drafter's model-card K (`DrafterChoice.recommended_k`), when they say something."""
+    out = []
+    for r in run.results:
+        if not r.feasible:
+            continue
+        c = f"c={r.scenario.concurrency}"
+        if r.tie:
+            out.append(f"{c}: {r.tie}.")
+        pub = r.speedup_over(r.published)
+        if r.published is not None and pub is not None and r.published.config.k != r.best.config.k:
+            out.append(f"{c}: K={r.best.config.k} is {pub:.2f}x the model card's K={r.published.config.k} "
+                       f"({r.published.provenance.kind}).")
+    return out
 
 
 def deployment_notes(run: SearchRun) -> list[str | None]:
