@@ -209,14 +209,14 @@ def plot_goodput(data: GoodputData, path: Path) -> Path:
         plt.Line2D([], [], color="tab:blue", marker="o", label="predicted tokens/s at K"),
         plt.Line2D([], [], color="0.5", ls="--", label="K=0: no speculation"),
         plt.Line2D([], [], color="tab:red", marker="*", markersize=12, markeredgecolor="black", ls="none",
-                   label="best K (smallest within 0.1% of the top)"),
+                   label=f"best K (smallest within {data.margin:.1%} of the top)"),
     ]
     if data.published_k is not None and data.published_k in data.ks:
         handles.append(plt.Line2D([], [], color="tab:orange", ls=":", label=f"published K={data.published_k}"))
     width = max(3.4 * ncols + 0.6, 7.0)
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4 if width >= 10 else 2), fontsize=8,
                bbox_to_anchor=(0.5, -0.02), frameon=False)
-    return _finish(fig, f"[PREDICTED from {data.source}] {data.title}", data.caption, path, width_in=width,
+    return _finish(fig, f"[PREDICTED from {data.source}] {data.title}", data.caption_with_ties(), path, width_in=width,
                    legend_rows=1 if width >= 10 else 2)
 
 

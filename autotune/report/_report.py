@@ -123,7 +123,7 @@ class _Builder:
         good = series.goodput_from_profile(p)
         if good is not None:
             self.add("Predicted tokens/s against K", f"goodput-{tag}", plots.plot_goodput, good, "predicted",
-                     good.caption)
+                     good.caption_with_ties())
 
     def predicted(self, recs: Sequence[RecommendationRecord]) -> None:
         """Figures from the catalog and model backend for a group of recommendations with no measured profile."""
@@ -146,7 +146,7 @@ class _Builder:
         good, why = series.goodput_from_backend(ctx, max_k)
         if good is not None:
             self.add("Predicted tokens/s against K", f"goodput-predicted-{tag}", plots.plot_goodput, good,
-                     "predicted", good.caption)
+                     "predicted", good.caption_with_ties())
         else:
             self.section.notes.append(f"No predicted tokens/s figure: {why}.")
 

@@ -13,8 +13,6 @@ from store import ProfileRecord
 
 CONFIDENCE = 0.95
 """Confidence level of every interval the report draws."""
-TIE_TOLERANCE = 1e-3
-"""Relative gap under which two configs count as tied (the smaller K wins), as in `autotune.search`."""
 
 
 def date_text(value: dt.datetime | str | None) -> str:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.report._series._labels import TIE_TOLERANCE, config_label, kind_of, provenance_caption, short_name
+from autotune.report._series._labels import config_label, kind_of, provenance_caption, short_name
 from autotune.search import OBJECTIVES, Objective
+from autotune.search.compare import pick_tied, tie_margin
 from store import Direction, RecommendationRecord, TrialRecord
 
 
@@ -52,8 +53,8 @@ class StudyData:
 
     def best(self) -> TrialPoint | None:
         """The trial to star: the recommended config's trial when the study has a recommendation, else the
-        search's rule on the first objective (within `TIE_TOLERANCE` of the top: smallest K, then max_num_seqs
-        closest to the concurrency)."""
+        search's rule on the first objective (`autotune.search.compare.pick_tied`: within the figures' spread of
+        the top, max_num_seqs within the concurrency, then the smallest K, then max_num_seqs closest to it)."""
         if not self.objectives:
             return None
         obj = self.objectives[0]
@@ -65,10 +66,17 @@ class StudyData:
             if chosen:
                 return chosen[0]
         sign = 1.0 if self.directions[obj] == "maximize" else -1.0
-        top = max(sign * t.values[obj] for t in done)
-        tied = [t for t in done if sign * t.values[obj] >= top - abs(top) * TIE_TOLERANCE]
-        conc = self.concurrency or 0
-        return min(tied, key=lambda t: (t.k, abs(t.max_num_seqs - conc), t.max_num_seqs, t.number))
+        top = max(done, key=lambda t: sign * t.values[obj])
+        sigma = top.metrics.get("prediction_log_sigma")
+        margin = tie_margin(float(sigma) if isinstance(sigma, int | float) and math.isfinite(sigma) else 0.0)
+        return pick_tied(done, lambda t: sign * t.values[obj], margin, self._order)[0]
+
+    def _order(self, t: TrialPoint) -> tuple[bool, int, int, int, int]:
+        """`autotune.search.compare.tie_key` of a trial point at the study's concurrency, then the trial number."""
+        conc = self.concurrency
+        if conc is None:
+            return (False, t.k, t.max_num_seqs, t.max_num_seqs, t.number)
+        return (t.max_num_seqs > conc, t.k, abs(t.max_num_seqs - conc), t.max_num_seqs, t.number)
 
     def pareto(self) -> list[TrialPoint]:
         """Complete trials that no other complete trial beats on both of the first two objectives."""
@@ -84,7 +92,12 @@ class StudyData:
             return pa >= qa and pb >= qb and (pa > qa or pb > qb)
 
         front = [q for q in pts if not any(dominates(p, q) for p in pts)]
-        return sorted(front, key=lambda t: t.values[a])
+        # One point per position, as the search's front: of configs with identical figures, the one the tie order
+        # puts first (the recommended config when it is one of them).
+        points: dict[tuple[float, float], TrialPoint] = {}
+        for t in sorted(front, key=lambda t: (t.config != self.recommended, self._order(t))):
+            points.setdefault((t.values[a], t.values[b]), t)
+        return sorted(points.values(), key=lambda t: t.values[a])
 
 
 def _group(config: dict[str, Any]) -> tuple[str, int]:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from autotune.errors import PeagleError
 from autotune.report._series._acceptance import profile_acceptances, published_references
-from autotune.report._series._labels import TIE_TOLERANCE, date_text, measured_caption, profile_label, short_name
+from autotune.report._series._labels import date_text, measured_caption, profile_label, short_name
+from autotune.search.compare import TIE, pick_tied, tie_margin, tie_note
 from autotune.spec import SpecConfig
 from policies import AcceptanceProfile, StepCostModel, StepSample
 from store import ProfileRecord, RecommendationRecord
@@ -42,17 +43,32 @@ class GoodputData:
     tokens_per_s: dict[int, list[float]]
     """batch_size -> tokens/s per K in `ks` (nan where the config cannot run)."""
     published_k: int | None = None
+    margin: float = TIE
+    """Relative gap under which two K tie (`autotune.search.compare.tie_margin`): the model backend's predicted
+    spread for its figures, 0.1% otherwise."""
 
-    def best_k(self, batch_size: int) -> int | None:
-        """The smallest K within `TIE_TOLERANCE` of the highest tokens/s at `batch_size`; None if all are nan.
-
-        Same rule as the search's pick: a deeper K that gains under 0.1% verifies more tokens for nothing.
-        """
+    def _tied(self, batch_size: int) -> tuple[int, list[int]] | None:
         pairs = [(k, v) for k, v in zip(self.ks, self.tokens_per_s[batch_size], strict=True) if math.isfinite(v)]
         if not pairs:
             return None
-        top = max(v for _, v in pairs)
-        return min(k for k, v in pairs if v >= top - abs(top) * TIE_TOLERANCE)
+        chosen, tied = pick_tied(pairs, lambda p: p[1], self.margin, lambda p: p[0])
+        return chosen[0], [k for k, _ in tied]
+
+    def best_k(self, batch_size: int) -> int | None:
+        """The search's pick rule (`autotune.search.compare.pick_tied`): the smallest K within `margin` of the
+        highest tokens/s at `batch_size`, as the search and the schedule pick; None if all are nan."""
+        tied = self._tied(batch_size)
+        return None if tied is None else tied[0]
+
+    def caption_with_ties(self) -> str:
+        """The caption, then each batch size where several K tie: which, and the K chosen (`tie_note`)."""
+        ties = [f"B = {b}: {note}." for b in sorted(self.tokens_per_s) if (note := self.tie_note(b))]
+        return " ".join([self.caption, *ties])
+
+    def tie_note(self, batch_size: int) -> str | None:
+        """``K 3-5 within 4.8%; K=3 chosen: fewer verified tokens`` when several K tie at `batch_size`."""
+        tied = self._tied(batch_size)
+        return None if tied is None else tie_note(tied[1], tied[0], self.margin)
 
 
 # ------------------------------------------------------------------------------------------------ step cost
@@ -219,6 +235,7 @@ def backend_context(recs: Sequence[RecommendationRecord]) -> BackendContext | No
 
 def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputData | None, str]:
     """Predicted tokens/s per K (0..max_k) and batch size from the model backend; (None, why) if it cannot run."""
+    from autotune.backends._roofline import speedup_log_sigma
     from autotune.profiling import predicted_goodput
 
     predicted = predicted_goodput(ctx.model, ctx.gpu, ctx.workload, ctx.config, ctx.batch_sizes, max_k)
@@ -239,6 +256,7 @@ def goodput_from_backend(ctx: BackendContext, max_k: int = 8) -> tuple[GoodputDa
             ks=ks,
             tokens_per_s=values,
             published_k=published_k,
+            margin=tie_margin(speedup_log_sigma()),
         ),
         "",
     )
