@@ -225,12 +225,25 @@ def test_a_refused_token_says_to_set_a_valid_one(online: Any) -> None:
 
 
 def test_a_repo_not_on_the_hub_suggests_the_catalog_id(online: Any) -> None:
-    online(_http_error(huggingface_hub.errors.RepositoryNotFoundError, 404, "openai/gpt-oss-12b"))
+    online(_http_error(huggingface_hub.errors.RepositoryNotFoundError, 404, "openai/gpt-oss-x"))
     with pytest.raises(UnknownModelError) as info:
-        resolve_checkpoint("openai/gpt-oss-12b")
+        resolve_checkpoint("openai/gpt-oss-x")
     message = _one_line(info)
-    assert "openai/gpt-oss-12b is not on the Hugging Face hub" in message
-    assert "Did you mean openai/gpt-oss-120b?" in message
+    assert "openai/gpt-oss-x is not on the Hugging Face hub" in message
+    assert "Did you mean openai/gpt-oss-20b?" in message
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("openai/gpt-oss-120", "openai/gpt-oss-120b"),
+                                              ("openai/gpt-oss-12b", "openai/gpt-oss-120b"),
+                                              ("opnai/gpt-oss-20b", "openai/gpt-oss-20b")])
+def test_a_typo_of_a_catalog_repo_id_is_caught_before_the_hub(online: Any, typed: str, meant: str) -> None:
+    """One or two characters off a catalog repo id, and not in the cache: "did you mean", and no request."""
+    online(AssertionError("a near miss of a catalog id must not reach the hub"))
+    with pytest.raises(UnknownModelError) as info:
+        resolve_checkpoint(typed)
+    message = _one_line(info)
+    assert f"did you mean {meant}?" in message
+    assert f"download {typed}" in message  # how to use the repo as typed, if it really exists
 
 
 def test_an_unknown_revision_names_it(online: Any) -> None:

@@ -74,6 +74,24 @@ def test_unmeetable_slo_exits_1_and_recommends_nothing(tmp_path: Path) -> None:
     assert "No config met the SLOs at c=8" in result.stderr
     scenario = json.loads(result.stdout)["scenarios"][0]
     assert scenario["feasible"] is False and scenario["recommendation_id"] is None
+    assert json.loads(result.stdout)["warnings"] == [{"concurrency": 8, "message": "no config met the SLOs; nothing "
+                                                      "was recommended at this concurrency"}]
+
+
+def test_slo_met_at_some_concurrencies_exits_0_with_a_warning(tmp_path: Path) -> None:
+    """TPOT p99 <= 5 ms with max_num_seqs fixed at 64: c=1 meets it (about 2.3 ms predicted on an H200), c=64 cannot
+    (about 14 ms: 64 sequences per step, no smaller max_num_seqs to queue behind). c=1's recommendation is stored,
+    so the search succeeds; c=64 is a warning line, and --json lists it."""
+    args = ["--concurrency", "1,64", "--max-k", "3", "--max-num-seqs", "64", "--objective", "latency",
+            "--slo-tpot-p99", "5"]
+    table = invoke(tmp_path, *args)
+    assert table.exit_code == 0, table.output
+    assert "Warning: No config met the SLOs at c=64" in table.stderr
+    assert "c=1" not in table.stderr.split("Warning:")[1].split(";")[0]
+    doc = as_json(invoke(tmp_path, *args, "--json"))
+    assert [w["concurrency"] for w in doc["warnings"]] == [64]
+    feasible = {s["concurrency"]: s["recommendation_id"] is not None for s in doc["scenarios"]}
+    assert feasible == {1: True, 64: False}
 
 
 def test_pareto_front_in_table_and_json(tmp_path: Path) -> None:

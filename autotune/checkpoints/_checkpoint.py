@@ -164,6 +164,29 @@ def _suggest(name: str, kind: Kind) -> str:
     return _hub.suggestion(name, _catalog_pairs(kind))
 
 
+#: difflib similarity of a repo id to a catalog one (lower-cased) that makes it a typo of it: one or two characters
+#: off in an id of about 20 ("openai/gpt-oss-120" -> "openai/gpt-oss-120b" scores 0.97).
+NEAR_MISS = 0.9
+
+
+def _refuse_near_miss(repo_id: str, revision: str | None, kind: Kind) -> None:
+    """Raise "did you mean" when `repo_id` (neither a catalog entry nor in the HF cache) is a near miss of a catalog
+    repo id, before any network call: ``openai/gpt-oss-120`` is a typo of ``openai/gpt-oss-120b`` far more often
+    than a repo of its own. A repo that really has such a name is used once it is in the cache (the hint says how)."""
+    import difflib
+
+    wanted = repo_id.lower()
+    scored = sorted(((difflib.SequenceMatcher(None, wanted, repo.lower()).ratio(), repo)
+                     for repo in {repo for _name, repo in _catalog_pairs(kind)}), reverse=True)
+    if not scored or scored[0][0] < NEAR_MISS or scored[0][1].lower() == wanted:
+        return
+    raise UnknownModelError(
+        f"unknown {kind} {shown(repo_id)}: did you mean {scored[0][1]}? It is neither a catalog {kind} nor in the "
+        f"Hugging Face cache; if {repo_id} is the repo you mean, download it first with "
+        f"{_hub.download_hint(repo_id, revision)}."
+    )
+
+
 # ------------------------------------------------------------------------------------------------ resolution
 def resolve_checkpoint(value: str, kind: Kind = "model") -> Checkpoint:
     """The checkpoint `value` names, with its config and the bytes a launch would download (nothing is downloaded
@@ -245,6 +268,8 @@ def _repo_checkpoint(requested: str, repo_id: str, revision: str | None, catalog
                      kind: Kind) -> Checkpoint:
     cache_dir = _hub.cache_dir()
     cached = read_cached(cache_dir, repo_id, revision)
+    if cached is None and catalog is None:
+        _refuse_near_miss(repo_id, revision, kind)
     found = _from_cache(requested, repo_id, revision, catalog, cache_dir, cached)
     if found is not None and (found.complete or _hub.offline()):
         return found

@@ -6,6 +6,7 @@ import errno
 import functools
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +59,19 @@ def wide_console(stderr: bool = False) -> Console:
     """A console for ``--wide`` tables: at least `WIDE_COLUMNS` wide, in a terminal or piped."""
     base = err_console if stderr else console
     return _Console(stderr=stderr, width=max(base.width, WIDE_COLUMNS))
+
+
+#: Widest a line of prose is printed (notes such as ``Backend:``, ``Rule:``, ``Next:``), in a terminal or piped.
+PROSE_COLUMNS = 100
+
+
+def say(out: Console, text: str, style: str | None = None) -> None:
+    """A line of prose, word-wrapped at the terminal's width (COLUMNS when set) and never wider than `PROSE_COLUMNS`,
+    also when piped (rich would otherwise leave it one long line or wrap it at 80). ``--json`` carries the long
+    forms."""
+    width = min(out.width, PROSE_COLUMNS) if out.is_terminal or os.environ.get("COLUMNS") else PROSE_COLUMNS
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    out.print("\n".join(lines), style=style, highlight=False, markup=False, soft_wrap=True)
 
 
 class UsageFailure(click.ClickException):

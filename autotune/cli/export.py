@@ -13,6 +13,9 @@ from autotune.cli._common import (
     errors,
     open_store,
 )
+from autotune.cli._common import (
+    say as say_prose,
+)
 from autotune.cli._select import choose, search_words, selection_options
 from autotune.selection import Criteria
 
@@ -79,7 +82,7 @@ def export(
     text, warnings = render(fmt, record, as_json=out_path is not None and out_path.suffix.lower() == ".json")
 
     def say(line: str, style: str | None = None) -> None:
-        err_console.print(line, style=style, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
+        say_prose(err_console, line, style)
 
     first, *rest = describe(record)
     say(f"Exporting {fmt} of {first}")

@@ -16,9 +16,11 @@ from autotune.cli._common import (
     catalog_option,
     console,
     db_option,
+    echo,
     err_console,
     errors,
     open_store,
+    say,
     wide_console,
 )
 from autotune.safe_text import shell_word
@@ -207,22 +209,32 @@ def search(
     out = err_console if as_json else console
     plan = plan_search(store, options)
     for note in plan.notes:
-        out.print(note, style="bold", highlight=False, markup=False, soft_wrap=not out.is_terminal)
+        say(out, note, style="bold")
     run = plan.run(lambda search, scenario: _with_progress(search, scenario, out, live=not as_json))
     if as_json:
         sys.stdout.write(json.dumps(run_dict(run), indent=2, default=str) + "\n")
         sys.stdout.flush()
     else:
         print_results(run, wide_console() if wide else console, store, wide=wide)
-    if run.infeasible:
-        from autotune.cli._tables import config_text
+    warning = infeasible_warning(run)
+    if warning is None:
+        return
+    if len(run.infeasible) == len(run.results):  # nothing stored: the search failed
+        raise click.ClickException(warning)
+    echo(f"Warning: {warning}", err=True)  # the other concurrencies' recommendations were stored: exit 0
 
-        which = ", ".join(f"c={r.scenario.concurrency} (closest: {config_text(r.best.config)})"
-                          for r in run.infeasible)
-        raise click.ClickException(
-            f"No config met the SLOs at {which}; nothing was recommended there. Relax --slo-tpot-p99/--slo-ttft-p99, "
-            "widen the space, or lower the concurrency."
-        )
+
+def infeasible_warning(run: SearchRun) -> str | None:
+    """What to say about the concurrencies where no config met the SLOs (None: every one found a config). A search
+    that stored recommendations at the others exits 0 with this as a warning (``--json``: ``warnings``); one that
+    stored none fails with it (exit 1)."""
+    if not run.infeasible:
+        return None
+    from autotune.cli._tables import config_text
+
+    which = ", ".join(f"c={r.scenario.concurrency} (closest: {config_text(r.best.config)})" for r in run.infeasible)
+    return (f"No config met the SLOs at {which}; nothing was recommended there. Relax --slo-tpot-p99/--slo-ttft-p99, "
+            "widen the space, or lower the concurrency.")
 
 
 def _with_progress(search: Search, scenario: Scenario, console: Console, *, live: bool = True) -> ScenarioResult:
@@ -235,11 +247,8 @@ def _with_progress(search: Search, scenario: Scenario, console: Console, *, live
 
     def resumed(e: SearchEvent) -> None:
         if e.kind == "start" and e.done:
-            console.print(
-                f"Resuming study {e.study}: {e.done} of {e.target} trials already finished"
-                + (f", {e.running} running on other workers." if e.running else "."),
-                highlight=False, soft_wrap=not console.is_terminal,
-            )
+            say(console, f"Resuming study {e.study}: {e.done} of {e.target} trials already finished"
+                + (f", {e.running} running on other workers." if e.running else "."))
 
     if not (live and console.is_terminal):
         return search.run_scenario(scenario, resumed)
@@ -275,8 +284,8 @@ def _states(e: SearchEvent) -> str:
 
 
 def _say(console: Console, text: str, style: str | None = None) -> None:
-    """A note line: word-wrapped in a terminal; piped, one line (nothing cut in the middle of a command to copy)."""
-    console.print(text, style=style, highlight=False, markup=False, soft_wrap=not console.is_terminal)
+    """A note line, word-wrapped at 100 columns or the terminal's width (`say`)."""
+    say(console, text, style)
 
 
 def print_results(run: SearchRun, console: Console, store: Any, *, wide: bool = False) -> None:
@@ -482,4 +491,6 @@ def run_dict(run: SearchRun) -> dict[str, Any]:
         "engine_launches": sum(r.engine_launches for r in run.results) if run.launches_engines else 0,
         "planned_launches": run.planned_launches,
         "scenarios": [result_dict(r, run.launches_engines) for r in run.results],
+        "warnings": [{"concurrency": r.scenario.concurrency, "message": "no config met the SLOs; nothing was "
+                      "recommended at this concurrency"} for r in run.infeasible],
     }

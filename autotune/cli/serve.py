@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from autotune.cli._bounds import name_callback, number
-from autotune.cli._common import canonical_model, db_option, err_console, errors, open_store
+from autotune.cli._common import canonical_model, db_option, err_console, errors, open_store, say
 from autotune.cli._select import Unit, choose, selection_options
 from autotune.safe_text import shell_word
 from autotune.selection import Choice, Criteria
@@ -113,7 +113,7 @@ def serve(
     )
 
     def log(line: str) -> None:
-        err_console.print(line, highlight=False, markup=False, soft_wrap=not err_console.is_terminal)
+        say(err_console, line)
 
     rec = tuned.recommendation
     from autotune.cli._tables import config_text

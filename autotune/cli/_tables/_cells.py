@@ -108,7 +108,7 @@ def speedup_rise_note(points: Iterable[tuple[int, float | None, Mapping[str, Any
     rises (a dense model, measured figures, a speedup that falls)."""
     shown = sorted((c, round(s, 2), b) for c, s, b in points if s is not None and math.isfinite(s))
     pairs = list(itertools.pairwise(shown))
-    spans = []
+    spans: list[tuple[int, int]] = []
     for (c_low, low, _b), (c_high, high, breakdown) in pairs:
         experts = (breakdown or {}).get("experts")
         if high > low and isinstance(experts, int | float) and experts > 0:
@@ -240,8 +240,21 @@ def drafters_legend(configs: Iterable[SpecConfig | None], model: str | None = No
 
 #: The marker of a max_num_seqs below the concurrency (`seqs_cell`) and its legend line.
 QUEUE_MARK = "q"
-QUEUE_LEGEND = ("q: max_num_seqs below the concurrency: requests queue for a slot (TTFT grows; how a latency target "
-                "is met).")
+QUEUE_LEGEND = ("q: max_num_seqs below the concurrency: requests queue for a slot, which adds to their TTFT (how a "
+                "latency target is met).")
+
+
+def queue_notes(points: Iterable[tuple[int, int, Mapping[str, Any]]]) -> list[str]:
+    """One line per recommendation that queues requests, from (concurrency, max_num_seqs, metrics): ``c=8: 4 of 8
+    run at once, 4 queue, so TTFT is 1085 ms p50, 1085 ms p99.`` (its TTFT includes the wait for a slot)."""
+    notes = []
+    for concurrency, seqs, metrics in points:
+        if seqs >= concurrency:
+            continue
+        p50, p99 = metrics.get("ttft_ms_p50"), metrics.get("ttft_ms_p99")
+        ttft = f", so TTFT is {fmt(p50, '.0f')} ms p50, {fmt(p99, '.0f')} ms p99" if p50 is not None else ""
+        notes.append(f"c={concurrency}: {seqs} of {concurrency} run at once, {concurrency - seqs} queue{ttft}.")
+    return notes
 
 
 def seqs_cell(config: SpecConfig, concurrency: int | None) -> str:

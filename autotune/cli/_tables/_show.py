@@ -28,6 +28,7 @@ from autotune.cli._tables._cells import (
     model_alias,
     pd_cell,
     plain_table,
+    queue_notes,
     ranged,
     ranges_legend,
     seqs_cell,
@@ -88,7 +89,10 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
             hypothetical_seen |= bool((row.get("metrics") or {}).get("hypothetical_drafter"))
             level = _level(row)
             queued |= config is not None and level is not None and config.max_num_seqs < level
-        build = functools.partial(_recommendations_table, cols, ordered, configs, speedups, model, wide)
+        latency = objective.split("-")[0] in ("latency", "goodput")  # what TPOT and TTFT they were chosen for
+        # At 80 columns the latency figures take the date's room (--wide shows both).
+        group_cols = [*cols[:7], "TPOT", "p99", "TTFT", "p99", *cols[7:(None if wide else -1)]] if latency else cols
+        build = functools.partial(_recommendations_table, group_cols, ordered, configs, speedups, model, wide)
         table, in_cell = ranged(build, wide, any(sigma and s is not None for s, sigma in speedups))
         out_of_cell = None if in_cell else ranges_legend(
             (f"#{row.get('id')}", s, sigma) for row, (s, sigma) in zip(ordered, speedups, strict=True))
@@ -96,9 +100,14 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
             (level, s, (row.get("metrics") or {}).get("step_breakdown_ms"))
             for row, (s, _sigma) in zip(ordered, speedups, strict=True) if (level := _level(row)) is not None)
         slo = slo_words(items[0])
-        parts.append(titled(title, table, None if wide else drafters_legend(configs, model),
+        latency_key = ("TPOT: ms per output token, TTFT: ms to the first token; median, then p99." if latency
+                       else None)
+        parts.append(titled(title, table, None if wide else drafters_legend(configs, model), latency_key,
                             f"vs none {RANGE_KEY}" if in_cell else out_of_cell, rise,
                             f"SLO: {slo}." if slo else None, QUEUE_LEGEND if queued else None,
+                            *queue_notes((level, config.max_num_seqs, row.get("metrics") or {})
+                                         for row, config in zip(ordered, configs, strict=True)
+                                         if config is not None and (level := _level(row)) is not None),
                             deployment_note([("", deployment)])))
         parts.append(Text(""))
     footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
@@ -108,17 +117,22 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
     return Group(*parts)
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _recommendations_table(cols: Sequence[str], rows: Sequence[Mapping[str, Any]], configs: Sequence[SpecConfig | None],
                            speedups: Sequence[tuple[float | None, float | None]], model: str, wide: bool,
                            with_range: bool) -> Table:
     """One group of `recommendations_view`: a row per stored recommendation (speedup and its spread in `speedups`)."""
-    table = plain_table(*cols, right={"#", "c", "K", "seqs", "tok/s", "vs none"})
+    table = plain_table(*cols, right={"#", "c", "K", "seqs", "tok/s", "TPOT", "p99", "TTFT", "vs none"})
+    latency = "TPOT" in cols
     for row, config, (speedup, sigma) in zip(rows, configs, speedups, strict=True):
         metrics = row.get("metrics") or {}
         hypothetical = bool(metrics.get("hypothetical_drafter"))
         tps = metrics.get("output_tokens_per_s")
         level = _level(row)
-        table.add_row(
+        cells = [
             str(row.get("id")),
             str((row.get("scenario") or {}).get("concurrency", "-")),
             drafter_cell(config, hypothetical, full=wide, model=model) if config else "-",
@@ -126,9 +140,14 @@ def _recommendations_table(cols: Sequence[str], rows: Sequence[Mapping[str, Any]
             _k(config),
             seqs_cell(config, level) if config else "-",
             fmt(tps) if isinstance(tps, int | float) else "-",
-            speedup_cell(speedup, sigma, with_range=with_range),
-            when(row.get("created_at")) if wide else when(row.get("created_at"))[:10],
-        )
+        ]
+        if latency:
+            cells += [fmt(_number(metrics.get(key)), spec) for key, spec in (
+                ("tpot_ms_p50", ".2f"), ("tpot_ms_p99", ".2f"), ("ttft_ms_p50", ".0f"), ("ttft_ms_p99", ".0f"))]
+        cells += [speedup_cell(speedup, sigma, with_range=with_range)]
+        if "stored" in cols:
+            cells += [when(row.get("created_at")) if wide else when(row.get("created_at"))[:10]]
+        table.add_row(*cells)
     return table
 
 

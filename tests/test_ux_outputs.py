@@ -1,0 +1,98 @@
+"""Outputs that say what they mean (issue 41 items 5-9): a queueing recommendation says what it costs in TTFT,
+`show` carries the latency figures a latency search chose by, and a search that stored recommendations succeeds.
+
+The model backend predicts, so every search here takes seconds. CliRunner's output is drawn at COLUMNS=80.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from autotune.cli import main
+
+SEARCH = ["search", "--backend", "model", "--gpu", "h200", "--model", "gpt-oss-120b"]
+
+
+@pytest.fixture(autouse=True)
+def _narrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def ok(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def assert_fits(text: str, width: int = 80) -> None:
+    for line in text.splitlines():
+        assert len(line) <= width, f"{len(line)} > {width}: {line!r}"
+
+
+@pytest.fixture(scope="module")
+def latency(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any], str]:
+    """The issue's latency experiment: TPOT p99 <= 5 ms at c=1 and 8 on an H200 (c=8 meets it only by running 4
+    sequences at once and queueing the rest). The database, --json and the table."""
+    db = str(tmp_path_factory.mktemp("ux-outputs") / "peagle.db")
+    args = [*SEARCH, "--concurrency", "1,8", "--max-k", "3", "--objective", "latency", "--slo-tpot-p99", "5",
+            "--db", db]
+    doc = json.loads(ok(*args, "--json").stdout)
+    return db, doc, ok(*args).stdout
+
+
+def test_a_queueing_recommendation_says_what_the_queue_costs(latency: tuple[str, dict[str, Any], str]) -> None:
+    db, doc, out = latency
+    queued = [s for s in doc["scenarios"] if s["best_config"]["max_num_seqs"] < s["concurrency"]]
+    assert [s["concurrency"] for s in queued] == [8]  # c=1 never queues
+    s = queued[0]
+    seqs, m = s["best_config"]["max_num_seqs"], s["metrics"]
+    line = (f"c=8: {seqs} of 8 run at once, {8 - seqs} queue, so TTFT is {m['ttft_ms_p50']:.0f} ms p50, "
+            f"{m['ttft_ms_p99']:.0f} ms p99.")
+    assert line in out.splitlines()
+    assert line in ok("show", "--db", db).stdout.splitlines()
+    assert not any(x.startswith("c=1:") and "queue" in x for x in out.splitlines())
+
+
+def test_show_carries_tpot_and_ttft_of_latency_recommendations(latency: tuple[str, dict[str, Any], str]) -> None:
+    db, doc, _ = latency
+    out = ok("show", "--db", db).stdout
+    assert_fits(out)
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
+    assert header.split()[7:11] == ["TPOT", "p99", "TTFT", "p99"]
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isdigit()}
+    for s in doc["scenarios"]:
+        m = s["metrics"]
+        row = rows[str(s["recommendation_id"])]
+        assert row[8:12] == [f"{m['tpot_ms_p50']:.2f}", f"{m['tpot_ms_p99']:.2f}", f"{m['ttft_ms_p50']:.0f}",
+                             f"{m['ttft_ms_p99']:.0f}"]
+
+
+def test_show_keeps_throughput_recommendations_narrow(tmp_path: Path) -> None:
+    """A throughput search was not chosen by latency: its listing has no TPOT/TTFT columns and keeps the date."""
+    db = str(tmp_path / "p.db")
+    ok(*SEARCH, "--concurrency", "8", "--max-k", "3", "--trials", "20", "--db", db)
+    header = next(line for line in ok("show", "--db", db).stdout.splitlines() if line.lstrip().startswith("#"))
+    assert "TTFT" not in header and "stored" in header
+
+
+def test_a_typo_in_a_full_repo_id_gets_did_you_mean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's `--model openai/gpt-oss-120` (an empty Hugging Face cache, the hub online): the catalog answers
+    before any request, with the fix, instead of a network error."""
+    from hub_cache import use_hub_cache  # tests/ is on sys.path
+
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    use_hub_cache(monkeypatch, tmp_path / "hf-home", offline=False)
+
+    def no_request(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("the hub must not be asked")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_request)
+    result = CliRunner().invoke(main, ["search", "--model", "openai/gpt-oss-120", "--gpu", "h200",
+                                       "--db", str(tmp_path / "p.db")])
+    assert result.exit_code == 2, result.output
+    assert "did you mean openai/gpt-oss-120b?" in " ".join(result.output.split())
