@@ -114,7 +114,7 @@ def _one_error_line(result: Result) -> str:
 
 def test_default_run_dir_is_per_user_and_a_dry_run_creates_nothing(tmp: Path, db: str) -> None:
     assert default_run_dir(8123) == tmp / f"ptune-{os.getuid()}" / "serve-8123"
-    result = _serve(db, "--port", "8123", "--dry-run")
+    result = _serve(db, "--port", "8123", "--dry-run", "--verbose")
     assert result.exit_code == 0, result.output
     assert f"PEAGLE_SCHEDULER_CONFIG={default_run_dir(8123) / 'plugin.json'}" in result.stdout
     assert list(tmp.iterdir()) == []
@@ -247,7 +247,7 @@ def test_the_alias_lives_in_a_private_dir_and_a_dry_run_creates_none(
     db = f"sqlite:///{tmp_path / 'drafter.db'}"
     with Store(db) as store:
         add_recommendation(store, drafter=str(misread_drafter))
-    result = _serve(db, "--dry-run")
+    result = _serve(db, "--dry-run", "--verbose")
     assert result.exit_code == 0, result.output
     assert f'"model": "{planned}"' in result.stdout and list(tmp.iterdir()) == []
     assert safe_draft_model_path(str(misread_drafter)) == planned

@@ -212,7 +212,8 @@ def test_extra_args_may_not_fight_the_tuned_config(store: Store) -> None:
 
 # ---- the CLI's dry run ------------------------------------------------------------------------------------------
 def _dry_run(db: str, *args: str) -> Any:
-    return CliRunner().invoke(serve, ["--model", MODEL, "--db", db, "--dry-run", *args], catch_exceptions=False)
+    return CliRunner().invoke(serve, ["--model", MODEL, "--db", db, "--dry-run", "--verbose", *args],
+                              catch_exceptions=False)
 
 
 def _parse(output: str) -> tuple[list[str], dict[str, str], dict[str, Any]]:

