@@ -152,6 +152,21 @@ def export_max_model_len(recommendation: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def pick_lines(recommendation: Mapping[str, Any]) -> list[str]:
+    """How the recommendation's K was picked, as the search printed it: the K that tied with it
+    (``metrics.tie_note``, `autotune.search.compare.tie_note`) and its figure over the drafter's model-card K
+    (``metrics.speedup_vs_published_k``); [] when neither was stored."""
+    metrics = recommendation.get("metrics") or {}
+    config = recommendation.get("best_config") or {}
+    out = [f"{metrics['tie_note']}."] if isinstance(metrics.get("tie_note"), str) else []
+    pub, pub_k, k = metrics.get("speedup_vs_published_k"), metrics.get("published_k"), config.get(
+        "num_speculative_tokens")
+    if isinstance(pub, int | float) and isinstance(pub_k, int) and pub_k != k:
+        kind = (recommendation.get("provenance") or {}).get("kind") or "figures of unknown origin"
+        out.append(f"K={k} is {pub:.2f}x the model card's K={pub_k} ({kind}).")
+    return out
+
+
 def describe(recommendation: Mapping[str, Any]) -> list[str]:
     """What an export holds, in two lines: the recommendation (id, model, GPU, workload, objective, concurrency,
     its SLOs if any: `autotune.selection.slo_words`) and its config and figures (tokens/s, speedup over no
@@ -191,6 +206,7 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
     kind = provenance.get("kind")
     source = f"{kind} by the {provenance.get('backend')} backend" if kind else "figures of unknown origin"
     lines = [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
+    lines += pick_lines(recommendation)
     deployment = deployment_line(recommendation)
     return lines if deployment is None else [*lines, deployment]
 

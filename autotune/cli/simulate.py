@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,9 @@ def render(result: Any, per_phase: int | None = None) -> str:
     `per_phase`: requests per phase (default: the result's ``settings["requests_per_phase"]``, when stored)."""
     if per_phase is None:
         per_phase = result.settings.get("requests_per_phase")
+    from autotune.search.compare import TIE
+    from autotune.simulate._setup import tie_margin_for
+
     lines = ["PREDICTED by simulation (nothing here is measured)"]
 
     def field(name: str, value: str) -> None:
@@ -220,6 +224,9 @@ def render(result: Any, per_phase: int | None = None) -> str:
     field("device", result.device)
     field("accept.", result.acceptance_source)
     field("cost", result.step_cost_source)
+    margin = tie_margin_for(result.step_cost_source)
+    field("ties", f"within {margin:.1%}" + (" (the model backend's spread)" if margin > TIE else "")
+          + " go to the smaller K, as search picks")
     if result.controller_cost_fit:
         fit = result.controller_cost_fit
         field("ctl cost", f"linear fit of that cost, median error {fit['median_rel_error']:.1%}, "
@@ -253,16 +260,29 @@ def render(result: Any, per_phase: int | None = None) -> str:
                 f"{label:<{_CONFIG_COL}} {r.output_tokens_per_s:>8.1f} {_x(r.speedup_vs_no_spec):>7} "
                 f"{_ms(r.tpot_ms_p50):>9} {_ms(r.ttft_ms_p50):>9} {_num(r.acceptance_length):>5}"
             )
-        lines.extend(_verdict(rows))
+        lines.extend(_verdict(rows, margin))
     return "\n".join(lines)
 
 
-def _verdict(rows: list[Any]) -> list[str]:
+def _static_k(row: Any) -> int:
+    """The K of a static row ("static K=4"); 0 for no speculation."""
+    found = re.search(r"K=(\d+)", row.config) if row.kind == "static" else None
+    return int(found.group(1)) if found else 0
+
+
+def _verdict(rows: list[Any], margin: float) -> list[str]:
+    """The best static config by the search's pick rule (`pick_tied`: ties within `margin` go to the smallest K),
+    and each adaptive config against it."""
+    from autotune.search.compare import pick_tied, tie_note
+
     statics = [r for r in rows if r.kind in ("none", "static")]
     if not statics:
         return []
-    best = max(statics, key=lambda r: r.output_tokens_per_s)
+    best, tied = pick_tied(statics, lambda r: r.output_tokens_per_s, margin, _static_k)
     out = [f"best static: {best.config} ({best.output_tokens_per_s:.1f} tok/s)"]
+    note = tie_note([_static_k(r) for r in tied], _static_k(best), margin)
+    if note:
+        out.append(f"  {note}")
     for r in rows:
         if r.kind in ("adaptive", "schedule", "oracle"):
             out.append(f"  {r.config[:40]}: {r.output_tokens_per_s / best.output_tokens_per_s:.3f}x best static")

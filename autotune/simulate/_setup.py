@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.catalogs import DrafterSpec, drafters_for, get_drafter, reference_survival, resolve_model
 from autotune.errors import UsageError
+from autotune.search.compare import TIE, tie_margin
 from autotune.search.schedule import best_depth_per_batch, default_batch_sizes, merge_schedule
 from autotune.simulate._acceptance import AcceptanceModel, RequestTrace
 from autotune.simulate._configs import (
@@ -77,6 +78,15 @@ SYNC_HOST_SHARE = 0.034
 step: vLLM PR #25872 measured ~3.4% TPOT at concurrency 1 from the overlap alone (EAGLE-3)."""
 
 
+def tie_margin_for(step_cost_source: str) -> float:
+    """The search's tie margin for figures priced by `step_cost_source`: the model backend's predicted spread when
+    its roofline priced the steps (`autotune.search.compare.tie_margin`, as the search uses for the model
+    backend), else 0.1% (`TIE`; a measured profile's fit)."""
+    from autotune.backends._roofline import speedup_log_sigma
+
+    return tie_margin(speedup_log_sigma()) if step_cost_source.startswith("model backend") else TIE
+
+
 @dataclass
 class Setup:
     """Everything a comparison needs besides the workload. ``context_tokens``: mean decoding context (tokens) for
@@ -117,14 +127,19 @@ class Setup:
         return total / sum(w / self.acceptance.acceptance_length(c, k) for c, w in token_weights.items() if w > 0)
 
     def best_static(self, batch_size: int, token_weights: Mapping[str, float]) -> int:
-        """The static K >= 1 with the highest predicted goodput at this batch size (the controller's fallback)."""
+        """The static K >= 1 with the highest predicted goodput at this batch size by the search's pick rule (ties
+        within `tie_margin_for` go to the smallest K): the controller's fallback and its launch K, as the search
+        and `serve` pick it."""
         goodput = self._goodput(token_weights)
-        return best_depth_per_batch(goodput, [batch_size], list(range(1, self.max_k + 1)))[batch_size]
+        return best_depth_per_batch(goodput, [batch_size], list(range(1, self.max_k + 1)),
+                                    tie_margin_for(self.cost.label))[batch_size]
 
     def schedule(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> BatchSizeSchedule:
-        """vLLM's batch-size schedule: best K in 0..K_max at powers of two up to max_num_seqs, merged."""
+        """vLLM's batch-size schedule: best K in 0..K_max at powers of two up to max_num_seqs, merged (the pick
+        rule of `best_static`, as `export --format schedule` builds it)."""
         goodput = self._goodput(token_weights)
-        best = best_depth_per_batch(goodput, default_batch_sizes(max_num_seqs), list(range(self.max_k + 1)))
+        best = best_depth_per_batch(goodput, default_batch_sizes(max_num_seqs), list(range(self.max_k + 1)),
+                                    tie_margin_for(self.cost.label))
         return BatchSizeSchedule(tuple(merge_schedule(best, max_num_seqs)),
                                  zero_depth_drafting=None if self.parallel_drafting else 1)
 

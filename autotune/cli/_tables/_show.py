@@ -60,6 +60,8 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
     """Stored recommendations, one small table per model, GPU, workload, objective, kind of figures (predicted or
     measured) and deployment measured in (named below the table), newest group first: id, concurrency, drafter, PD,
     K, max_num_seqs, tokens/s, speedup over no speculation, date."""
+    from autotune.export import pick_lines
+
     if not rows:
         return Text("No recommendations stored yet: run `peagle-tune search --model MODEL`.")
     groups: dict[tuple[str, str, str, str, str, str], list[Mapping[str, Any]]] = {}
@@ -108,7 +110,8 @@ def recommendations_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = Fals
                             *queue_notes((level, config.max_num_seqs, row.get("metrics") or {})
                                          for row, config in zip(ordered, configs, strict=True)
                                          if config is not None and (level := _level(row)) is not None),
-                            deployment_note([("", deployment)])))
+                            deployment_note([("", deployment)]),
+                            *(f"#{row.get('id')}: {line}" for row in ordered for line in pick_lines(row))))
         parts.append(Text(""))
     footer = "Export one with `peagle-tune export --recommendation ID` (or --concurrency C)."
     if hypothetical_seen:
