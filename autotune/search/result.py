@@ -233,9 +233,8 @@ def pick(
     if objective.multi:
         if not front:  # constrained and nothing feasible
             return _closest(complete), False
-        top = max(front, key=lambda t: float(t.values[0]))
-        return pick_tied(front, lambda t: float(t.values[0]), tie_margin(prediction_log_sigma(top)),
-                         _tie_key(scenario, config_of))[0], True
+        near, _margin = front_top_ties(objective, complete, front)
+        return min(near, key=lambda t: (*_tie_key(scenario, config_of)(t), -float(t.values[0]))), True
     meeting = [t for t in complete if feasible(t) and t.value is not None]
     if not meeting:
         return _closest(complete), False
@@ -244,6 +243,25 @@ def pick(
     # Configs the tie key cannot tell apart (another drafter at the same K and max_num_seqs): the better figure.
     return pick_tied(meeting, lambda t: sign * float(t.value),  # type: ignore[arg-type]
                      tie_margin(prediction_log_sigma(best)), _tie_key(scenario, config_of))[0], True
+
+
+def front_top_ties(
+    objective: Objective, complete: Sequence[FrozenTrial], front: Sequence[FrozenTrial]
+) -> tuple[list[FrozenTrial], float]:
+    """The trials that tie with the Pareto front's highest-throughput point: feasible ones no worse than it by
+    more than the tie margin (`tie_margin` of its predicted spread) on any objective, and that margin. The pick
+    among them follows `tie_key`, as for one objective: a front point that wins inside the noise of the
+    prediction does not outrank a smaller K."""
+    top = max(front, key=lambda t: float(t.values[0]))
+    margin = tie_margin(prediction_log_sigma(top))
+    signs = [1.0 if d == "maximize" else -1.0 for d in objective.directions]
+
+    def near(t: FrozenTrial) -> bool:
+        return t.values is not None and all(
+            s * float(v) >= s * float(b) - abs(float(b)) * margin for s, v, b in zip(signs, t.values, top.values,
+                                                                                    strict=True))
+
+    return [top, *(t for t in complete if t is not top and feasible(t) and near(t))], margin
 
 
 def prediction_log_sigma(t: FrozenTrial) -> float:
@@ -405,9 +423,13 @@ def summarize(
         per_variant = [_moved(row, config, best) if _variant_of(row.best_config) == _variant_of(config)
                        and row.best_config != config else row for row in per_variant]
     points = [_point(space, t) for t in front]
-    if ok and objective.multi and all(p.config != config for p in points):  # the pick moved within the concurrency
-        points = [dataclasses.replace(p, config=config, metrics=measurement_metrics(best)) if p.trial == chosen.number
-                  else p for p in points]
+    if ok and objective.multi and points and all(p.config != config for p in points):
+        # The pick ties with the front's top point (`front_top_ties`) or moved within the concurrency: it stands on
+        # the front in the place of the point it ties with.
+        at = next((i for i, p in enumerate(points) if p.trial == chosen.number),
+                  max(range(len(points)), key=lambda i: float(points[i].metrics.get("output_tokens_per_s") or 0)))
+        points[at] = dataclasses.replace(points[at], config=config, metrics=measurement_metrics(best),
+                                         trial=chosen.number)
     seqs, mnbt = config.max_num_seqs, config.max_num_batched_tokens
     baseline = lookup(space.no_spec(seqs, mnbt))
     choice = space.names.get(str(config.drafter)) if config.speculative else None
@@ -462,16 +484,21 @@ def _tie(
         return c is not None and c.speculative and (not released or space.hypothetical(c) is None)
 
     sign = 1.0 if objective.directions[0] == "maximize" else -1.0
-    pool = [t for t in front if in_pool(t)] if objective.multi else \
-        [t for t in complete if feasible(t) and t.value is not None and in_pool(t)]
 
     def score(t: FrozenTrial) -> float:
         return sign * float(t.values[0])
 
-    if not pool or not config.speculative:
-        return None
-    margin = tie_margin(prediction_log_sigma(max(pool, key=score)))
-    tied = pick_tied(pool, score, margin, lambda t: 0)[1]
+    if objective.multi:
+        front_pool = [t for t in front if in_pool(t)]
+        if not front_pool or not config.speculative:
+            return None
+        tied, margin = front_top_ties(objective, [t for t in complete if in_pool(t)], front_pool)
+    else:
+        pool = [t for t in complete if feasible(t) and t.value is not None and in_pool(t)]
+        if not pool or not config.speculative:
+            return None
+        margin = tie_margin(prediction_log_sigma(max(pool, key=score)))
+        tied = pick_tied(pool, score, margin, lambda t: 0)[1]
     return tie_note([c.k for t in tied if (c := config_of(t)) is not None], config.k, margin)
 
 
