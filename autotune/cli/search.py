@@ -443,6 +443,7 @@ def result_dict(r: ScenarioResult, launches_engines: bool) -> dict[str, Any]:
         "recommendation_id": r.recommendation_id,
         "feasible": r.feasible,
         "rule": r.rule,
+        "tie_note": r.tie,
         "best_config": r.best.config.to_dict(),
         "speculative_config": r.best.config.speculative_config() if r.feasible else None,
         "hypothetical": r.hypothetical,

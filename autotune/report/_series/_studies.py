@@ -97,6 +97,13 @@ class StudyData:
         points: dict[tuple[float, float], TrialPoint] = {}
         for t in sorted(front, key=lambda t: (t.config != self.recommended, self._order(t))):
             points.setdefault((t.values[a], t.values[b]), t)
+        chosen = [t for t in pts if t.config == self.recommended]
+        if points and chosen and all(t.config != self.recommended for t in points.values()):
+            # The search's pick ties with the front's fastest point within the prediction's spread
+            # (`autotune.search.result.front_top_ties`): it stands on the front in that point's place.
+            fastest = max(points, key=lambda key: sa * key[0])
+            del points[fastest]
+            points[(chosen[0].values[a], chosen[0].values[b])] = chosen[0]
         return sorted(points.values(), key=lambda t: t.values[a])
 
 
