@@ -1,4 +1,12 @@
-"""Per-drafter comparison of one scenario's trials: the best config of every drafter variant searched.
+"""The pick rule, and the per-drafter comparison of one scenario's trials built on it.
+
+The pick rule (`pick_tied`, `tie_margin`, `tie_key`, `tie_note`) is the one every output that names a K uses: the
+search (`autotune.search.result.pick`), each drafter's best here, the schedule (`best_depth_per_batch`), the report's
+K sweep and starred trial, and simulate's best static. Figures within their own spread of the best tie: one sigma
+of the prediction for predicted figures (`ModelBackend`'s calibration), 0.1% (`TIE`) for measured ones, which carry
+no repeat spread today. The tie goes to max_num_seqs within the concurrency, then the smallest K.
+
+Per-drafter comparison: the best config of every drafter variant searched.
 
 The question P-EAGLE users ask is relative: does parallel drafting beat EAGLE-3 here, at which K, with a 2- or
 4-layer head, at this concurrency? A search keeps one best config; this module answers the question from the same
