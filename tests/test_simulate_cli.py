@@ -17,7 +17,7 @@ SMALL = ["--model", "gpt-oss-120b", "--gpu", "h200", "--workload", "mixed", "--c
 
 
 def test_table_is_labelled_predicted_names_its_sources_and_fits_80_columns() -> None:
-    result = CliRunner().invoke(simulate, SMALL)
+    result = CliRunner().invoke(simulate, [*SMALL, "--verbose"])  # every config (the default is a summary)
     assert result.exit_code == 0, result.output
     out = result.stdout  # progress lines go to stderr
     assert out.startswith("PREDICTED")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -120,3 +121,86 @@ def test_serve_dry_run_is_one_screen_and_names_both_depths(tmp_path: Path) -> No
     assert "# plugin config" in verbose and '"idle_write_delay_s"' in verbose
     assert [ln for ln in verbose.splitlines() if ln.startswith("vllm serve")] == \
         [ln for ln in short.stdout.splitlines() if ln.startswith("vllm serve")]  # the same line to copy
+
+
+SIMULATE = ["simulate", "--model", "gpt-oss-120b", "--gpu", "h200", "--requests-per-phase", "4", "--output-tokens",
+            "24", "--static-k", "2,4", "--no-store"]
+
+
+def _expected_verdict(doc: dict[str, Any]) -> tuple[bool, list[float]]:
+    """(adaptive pays, adaptive over the best static per workload and load) from --json, by the pick rule the
+    summary names: the best static (no speculation included) ties within the simulation's margin to the smaller K;
+    adaptive pays where its best config beats that by more than the margin."""
+    from autotune.cli._simulate_summary import static_k
+    from autotune.search.compare import pick_tied
+    from autotune.simulate._setup import tie_margin_for
+
+    margin = tie_margin_for(doc["step_cost_source"])
+    groups: dict[tuple[str, Any], list[Any]] = {}
+    for r in doc["rows"]:
+        groups.setdefault((r["workload"], r["concurrency"]), []).append(SimpleNamespace(**r))
+    ratios = []
+    for rows in groups.values():
+        statics = [r for r in rows if r.kind in ("none", "static")]
+        best = pick_tied(statics, lambda r: r.output_tokens_per_s, margin, static_k)[0]
+        ratios.append(max(r.output_tokens_per_s for r in rows if r.kind.startswith("adaptive"))
+                      / best.output_tokens_per_s)
+    return any(r > 1 + margin for r in ratios), ratios
+
+
+def test_simulate_is_one_screen_with_the_config_to_run_and_a_conclusion() -> None:
+    """Chat and code (different published acceptance) at c=1 and 4: both scenarios stay; the summary fits 40 lines at
+    80 columns, says what to run and whether adaptive serving pays, as the figures in --json show."""
+    args = [*SIMULATE, "--workload", "mixed", "--classes", "chat,code", "--concurrency", "1,4"]
+    doc = json.loads(ok(*args, "--json").stdout)
+    out = ok(*args).stdout
+    assert_fits(out)
+    assert len(out.splitlines()) <= 40
+    assert out.startswith("PREDICTED")
+    assert {r["workload"] for r in doc["rows"]} == {"shifting", "stationary"}
+    assert sum(line.split()[:1] in (["shifting"], ["stationary"]) for line in out.splitlines()) == 4
+    assert sum(line.startswith("Run: ") for line in out.splitlines()) == 1
+    pays, ratios = _expected_verdict(doc)
+    text = " ".join(out.split())
+    assert ("Adaptive serving pays here" if pays else "Adaptive serving does not pay here") in text
+    assert f"{min(ratios):.3f}" in text and "the best static config (no speculation included)" in text
+    assert "per-phase oracle" not in out.split("Every config")[0]  # details are for --verbose
+
+
+def test_simulate_leaves_out_the_stationary_scenario_when_classes_share_one_acceptance() -> None:
+    """mt-bench has one class: a stationary scenario would repeat the shifting one number for number, so it is left
+    out and the output says so in one line; asked for by --shape, it runs."""
+    args = [*SIMULATE, "--concurrency", "1"]
+    doc = json.loads(ok(*args, "--json").stdout)
+    assert {r["workload"] for r in doc["rows"]} == {"shifting"}
+    assert any(w.startswith("stationary left out") for w in doc["warnings"])
+    assert "stationary left out" in ok(*args).stdout
+    both = json.loads(ok(*args, "--shape", "shifting,stationary", "--json").stdout)
+    assert {r["workload"] for r in both["rows"]} == {"shifting", "stationary"}
+
+
+def test_show_studies_names_the_recommendation_with_units_and_kind(latency: tuple[str, dict[str, Any], str]) -> None:
+    """Each study's "recommended" is the recommendation the search stored from it (not its top trial), with units
+    and whether the figures are predicted; --json carries it too."""
+    db, doc, _ = latency
+    out = ok("show", "--studies", "--db", db).stdout
+    assert_fits(out)
+    studies = json.loads(ok("show", "--studies", "--db", db, "--json").stdout)["studies"]
+    for s in doc["scenarios"]:
+        [row] = [r for r in studies if r["study"] == s["study"]]
+        assert row["recommendation"]["id"] == s["recommendation_id"]
+        m = s["metrics"]
+        line = (f"recommended #{s['recommendation_id']}: K={s['best_config']['num_speculative_tokens']}, "
+                f"{s['output_tokens_per_s']:.1f} tok/s, {m['tpot_ms_p50']:.2f} ms TPOT p50")
+        assert line in [ln.strip() for ln in out.splitlines()]
+    assert all("trials (predicted)" in ln for ln in out.splitlines() if "trials (" in ln)
+
+
+def test_show_trials_explains_the_numbers_it_skips(latency: tuple[str, dict[str, Any], str]) -> None:
+    db, doc, _ = latency
+    study = doc["scenarios"][0]["study"]
+    rows = json.loads(ok("show", "--trials", study, "--db", db, "--json").stdout)["trials"]
+    numbers = sorted(r["number"] for r in rows)
+    out = " ".join(ok("show", "--trials", study, "--db", db).stdout.split())
+    gaps = numbers[-1] - numbers[0] + 1 > len(numbers)  # the search proposed configs already tried
+    assert ("a number not listed proposed a config the study had already tried" in out) == gaps

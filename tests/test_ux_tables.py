@@ -84,7 +84,8 @@ def test_show_studies_lists_whole_names_without_json(db: str) -> None:
     lines = [line.strip() for line in result.stdout.splitlines()]
     for s in studies:
         assert s["study"] in lines  # whole, on its own line: copy it into `show --trials`
-        assert f"{s['n_trials']} trials: {s['n_complete']} ok, {s['n_failed']} failed" in result.stdout
+        kind = (s["recommendation"] or {}).get("kind") or "measured or predicted: see --trials"
+        assert f"{s['n_trials']} trials ({kind}): {s['n_complete']} ok, {s['n_failed']} failed" in result.stdout
 
 
 def test_show_trials_at_80_columns(db: str) -> None:

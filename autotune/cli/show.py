@@ -92,6 +92,15 @@ def show(
     elif studies:
         studies_found = store.list_studies(directions=objective_directions())
         payload["studies"] = [s.to_dict() if hasattr(s, "to_dict") else dict(s) for s in studies_found]
+        recommended: dict[str, Any] = {}
+        for rec in store.list_recommendations():  # newest first: a study's newest recommendation wins
+            if rec.study:
+                recommended.setdefault(rec.study, rec)
+        for row in payload["studies"]:  # "best" is the recommendation, with its figures and kind
+            rec = recommended.get(str(row.get("study")))
+            row["recommendation"] = None if rec is None else {
+                "id": rec.id, "best_config": rec.best_config, "metrics": rec.metrics,
+                "kind": (rec.provenance or {}).get("kind"), "objective": rec.objective}
     elif profiles:
         payload["profiles"] = [p.to_dict() for p in store.list_profiles(model=model)]
     elif recommendations:

@@ -68,6 +68,8 @@ _CONFIG_COL = 30
               help="Static depths to include (default: 1..K_max).")
 @click.option("--seed", type=number("--seed"), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--verbose", is_flag=True,
+              help="Print every config per workload and load (default: a one-screen summary).")
 @click.option("--store/--no-store", "keep", default=True, show_default=True,
               help="Store the result (as a study of predicted trials: `peagle-tune show --simulations`, `report`).")
 @db_option
@@ -95,6 +97,7 @@ def simulate(
     static_k: list[int] | None,
     seed: int,
     as_json: bool,
+    verbose: bool,
     keep: bool,
     db_url: str | None,
 ) -> None:
@@ -179,6 +182,9 @@ def simulate(
                 f"--autocorrelation takes a number in [0, 1) or 'auto', but got {autocorrelation!r}."
             ) from None
     setup = build(rho)
+    same = _same_acceptance(setup, workloads, traces)
+    if same and len(workloads) > 1 and _default(click.get_current_context(), "shape"):
+        del workloads["stationary"]  # one acceptance for every class: it would repeat shifting number for number
     # Progress lines only in a terminal: piped or with --json stderr stays quiet, as search's does.
     live = err_console.is_terminal and not as_json
     progress = (lambda line: err_console.print(f"  simulating {line}", style="dim")) if live else None
@@ -189,6 +195,10 @@ def simulate(
     )
     if rho_note:
         result.warnings.append(rho_note)
+    if same and "stationary" not in workloads and _default(click.get_current_context(), "shape"):
+        which = f"the workload's one class ({same[0]})" if len(same) == 1 else f"every class ({', '.join(same)})"
+        result.warnings.append(f"stationary left out: {which} has one acceptance, so it would repeat the shifting "
+                               "scenario number for number (--shape stationary runs it).")
     result.settings["requests_per_phase"] = per_phase
     study = None
     if store is not None and keep:
@@ -198,11 +208,34 @@ def simulate(
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "stored_as": study}, indent=2, default=str))
         return
-    echo(render(result, per_phase))
+    if verbose:
+        echo(render(result, per_phase))
+    else:
+        from autotune.cli._simulate_summary import summary
+        from autotune.simulate._setup import tie_margin_for
+
+        echo(summary(result, tie_margin_for(result.step_cost_source)))
     if study is not None:
         err_console.print(f"Stored as study {study} (peagle-tune show --simulation {shell_word(study)}; "
                           "peagle-tune report).",
                           soft_wrap=True, highlight=False, markup=False)
+
+
+def _default(ctx: click.Context, name: str) -> bool:
+    """Whether option `name` kept its default (the user did not choose it)."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None)
+
+
+def _same_acceptance(setup: Any, workloads: dict[str, Any], traces: list[Any]) -> list[str]:
+    """The workload's classes when every one has the same acceptance (one profile, no recorded traces: a shifting
+    and a stationary scenario then serve the same requests with the same draws); [] when they differ."""
+    classes = sorted({c for phases in workloads.values() for phase in phases for c in phase.classes})
+    if traces or not classes:
+        return []
+    survivals = {tuple(setup.acceptance.survival(c)) for c in classes}
+    return classes if len(survivals) == 1 else []
 
 
 def render(result: Any, per_phase: int | None = None) -> str:

@@ -187,7 +187,10 @@ def trials_view(study: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = F
             failures.append((row.get("number"), str(row["failure_reason"])))
     kinds = sorted({str((row.get("provenance") or {}).get("kind", "unknown")) for row in rows})
     title = f"{len(rows)} trials ({'/'.join(kinds)}) of study\n  {study if wide else study_name(study)}"
-    parts: list[RenderableType] = [titled(title, table, None if wide else drafters_legend(configs, model))]
+    numbers = sorted(int(n) for n in (row.get("number") for row in rows) if isinstance(n, int))
+    gaps = ("#: the search's trial number; a number not listed proposed a config the study had already tried, "
+            "which was not run again." if numbers and numbers[-1] - numbers[0] + 1 > len(numbers) else None)
+    parts: list[RenderableType] = [titled(title, table, None if wide else drafters_legend(configs, model), gaps)]
     if failures:
         parts.append(Text("Failed trials:"))
         for number, reason in failures:
@@ -237,23 +240,48 @@ def studies_view(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Re
     for row in rows:
         best = row.get("best_values") or {}
         numbers = row.get("best_trial_numbers") or {}
-        bests = ", ".join(
-            f"{fmt(v, '.2f' if '_ms' in k or k == 'latency' else '.1f')} {_value_header(k)} "
-            f"(#{numbers.get(k, '?')})"
-            for k, v in best.items()
-        )
-        counts = f"{row.get('n_trials')} trials: {row.get('n_complete')} ok, {row.get('n_failed')} failed"
+        kind = _study_kind(row)
+        tops = ", ".join(f"#{numbers.get(k, '?')} {_value_text(k, v)}" for k, v in best.items())
+        counts = f"{row.get('n_trials')} trials ({kind}): {row.get('n_complete')} ok, {row.get('n_failed')} failed"
         counts += f", {row.get('n_running')} running" if row.get("n_running") else ""
-        detail = f"    {counts}; best {bests or '-'}"
+        detail = f"    {counts}; top trial {tops or '-'}"
+        rec = row.get("recommendation")
+        if isinstance(rec, Mapping):
+            metrics = rec.get("metrics") or {}
+            config = stored_config(rec, "best_config")
+            figures = [_value_text(k, metrics.get(k)) for k in ("output_tokens_per_s", "tpot_ms_p50")
+                       if isinstance(metrics.get(k), int | float)]
+            detail += f"\n    recommended #{rec.get('id')}: K={_k(config)}, {', '.join(figures) or '-'}"
+        else:
+            detail += "\n    no recommendation stored from it"
         if wide:
             detail += f"; {', '.join(row.get('models') or ())}; last trial {when(row.get('last_created_at'))}"
         name = str(row.get("study"))
         lines.append(Text(f"  {name if wide else study_name(name)}", no_wrap=True, overflow="ignore"))
         lines.append(Text(detail, style="dim"))
+    lines.append(Text("recommended: the search's pick (figures within their spread tie and go to the simpler "
+                      "config); top trial: the single best figure.", style="dim"))
     if not wide and any(study_name(str(row.get("study"))) != str(row.get("study")) for row in rows):
         lines.append(Text("Long names are cut in the middle (`show --trials` takes them as shown); --wide shows them "
                           "whole.", style="dim"))
     return Group(*lines)
+
+
+def _value_text(name: str, value: Any) -> str:
+    """An objective value with its unit: ``9805.0 tok/s``, ``11.07 ms TPOT p99``."""
+    if not isinstance(value, int | float):
+        return "-"
+    if name in ("output_tokens_per_s", "throughput"):
+        return f"{value:.1f} tok/s"
+    return f"{value:.2f} ms {_value_header(name)}" if "_ms" in name or name == "latency" else f"{value:g} {name}"
+
+
+def _study_kind(row: Mapping[str, Any]) -> str:
+    """Whether a study's figures are measured or predicted, from its recommendation or its name's backend."""
+    rec = row.get("recommendation")
+    if isinstance(rec, Mapping) and rec.get("kind"):
+        return str(rec["kind"])
+    return str(row.get("kind") or "measured or predicted: see --trials")
 
 
 def study_name(name: str, width: int = NARROW - 2) -> str:
