@@ -293,7 +293,7 @@ def _per_batch_size(tuned: Any) -> dict[str, Any] | None:
 
 def _comment(text: str) -> list[str]:
     """`text` as shell comment lines of at most 80 columns (the command between them stays one line to copy)."""
-    return textwrap.wrap(text.removeprefix("# "), 78, initial_indent="# ", subsequent_indent="# ",
+    return textwrap.wrap(text.removeprefix("# "), 80, initial_indent="# ", subsequent_indent="# ",
                          break_long_words=False, break_on_hyphens=False)
 
 
@@ -325,12 +325,14 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
         depth = "K per batch size as the search found it"
     elif spec.speculative and spec.parallel_drafting and (tuned.recommendation or {}).get("schedule"):
         depth += ", not K per batch size: vLLM 0.32 mishandles that with parallel drafting (vLLM #45695)"
-    header = f"# The tuned config as a plain `vllm serve` command ({depth}; needs only vLLM): copy this"
+    # The header's first line says what the next line is, so `| head -n 3` shows it, the command and its depth.
+    header, after = "# The tuned config as a plain `vllm serve` command (needs only vLLM): copy this", f"# {depth}."
     if spec.speculative and not tuned.static_k:  # cold start, or a no-speculation recommendation with --drafter
         why = "cold start, no recommendation" if not tuned.recommendation else "the recommendation does not speculate"
         header = (f"# The drafter at its full depth K={spec.k} as a plain `vllm serve` command ({why}; the adaptive "
                   "launch below starts at depth 0 and learns; needs only vLLM):")
-    lines = [*_comment(header), shell_line(plain), ""]
+        after = ""
+    lines = [*_comment(header), shell_line(plain), *(_comment(after) if after else []), ""]
     if not verbose:
         lines += _comment("Without --dry-run, `peagle-tune serve` launches the same with the adaptive scheduler "
                           "plugin (K per step from live acceptance); --verbose prints that launch: command, "
