@@ -204,3 +204,21 @@ def test_show_trials_explains_the_numbers_it_skips(latency: tuple[str, dict[str,
     out = " ".join(ok("show", "--trials", study, "--db", db).stdout.split())
     gaps = numbers[-1] - numbers[0] + 1 > len(numbers)  # the search proposed configs already tried
     assert ("a number not listed proposed a config the study had already tried" in out) == gaps
+
+
+def test_piped_prose_wraps_at_100_columns_and_json_keeps_it_whole(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped with no COLUMNS (a script, a log): the notes (Backend:, Memory:, Rule:, Next:) wrap at 100 columns, not
+    one 200-300 character line; --json carries each note whole."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    args = [*SEARCH, "--concurrency", "8", "--max-k", "3", "--trials", "20", "--db", str(tmp_path / "p.db")]
+    doc = json.loads(ok(*args, "--json").stdout)
+    result = ok(*args)
+    text = result.stdout + result.stderr
+    assert any(len(line) > 80 for line in text.splitlines())  # piped: wider than a terminal's 80 ...
+    assert_fits(text, 100)  # ... but never wider than 100
+    flat = " ".join(text.split())
+    long_notes = [note for note in doc["notes"] if len(note) > 100]
+    assert long_notes  # the Backend and Memory notes, for one
+    for note in long_notes:
+        assert " ".join(note.split()) in flat  # the same words, wrapped
