@@ -137,3 +137,23 @@ def test_every_output_names_the_searched_pick(tmp_path: Path, objective: str, st
         if note:
             assert f"K={k} chosen" in note
             assert f"B = {c}: {note}" in html
+
+
+def test_latency_picks_agree_in_search_show_and_export(tmp_path: Path) -> None:
+    """Latency (lowest TPOT p50): the search's table, its per-drafter `>` row, show and export name one config per
+    load (the schedule, the report's K sweep and simulate rank by tokens/s, so they answer the throughput question)."""
+    db = tmp_path / "p.db"
+    run = _search(db, "--objective", "latency")
+    text = cli("search", "--model", MODEL, "--gpu", "h200", "--concurrency", LOADS, "--db", str(db),
+               "--objective", "latency")
+    shown = json.loads(cli("show", "--db", str(db), "--json").stdout)["recommendations"]
+    for c, (drafter, k, seqs, rec) in _picks(run).items():
+        row = re.search(rf"^\s*{c}\s+p-eagle 4L\s+on\s+(\d+)\s+(\d+)q?\s", text.stdout, re.M)
+        assert row is not None and (int(row.group(1)), int(row.group(2))) == (k, seqs), text.stdout
+        chosen = re.search(rf"^\s*(?:{c}\s+)?> p-eagle 4L\s+on\s+(\d+)\s+(\d+)q?\s", text.stdout, re.M)
+        assert chosen is not None and (int(chosen.group(1)), int(chosen.group(2))) == (k, seqs), text.stdout
+        stored = next(r for r in shown if r["id"] == rec)["best_config"]
+        assert (stored["drafter"], stored["num_speculative_tokens"], stored["max_num_seqs"]) == (drafter, k, seqs)
+        body = yaml.safe_load(cli("export", "--db", str(db), "--recommendation", str(rec), "--format", "yaml").stdout)
+        assert (body["speculative-config"]["model"], body["speculative-config"]["num_speculative_tokens"],
+                body["max-num-seqs"]) == (drafter, k, seqs)
