@@ -178,10 +178,13 @@ class ScenarioResult:
     @property
     def faster_hypothetical(self) -> DrafterBest | None:
         """A hypothetical variant predicted faster than the recommended config (which had to be a released drafter),
-        or None. Shown as a what-if: no checkpoint exists to serve it."""
+        or None: faster by more than the figures' spread (`tie_margin`; within it they tie). Shown as a what-if: no
+        checkpoint exists to serve it."""
         if self.hypothetical or not self.feasible or not self.best.output_tokens_per_s:
             return None
-        bar = self.best.output_tokens_per_s * (1 + TIE)
+        sigma = (self.best.extra or {}).get("prediction_log_sigma")
+        margin = tie_margin(float(sigma) if isinstance(sigma, int | float) and math.isfinite(sigma) else 0.0)
+        bar = self.best.output_tokens_per_s / (1 - margin)  # the best ties with anything below: best >= h x (1 - m)
         faster = [r for r in self.per_drafter if r.hypothetical and r.output_tokens_per_s > bar]
         return faster[0] if faster else None
 
