@@ -25,14 +25,15 @@ ENV = {"device": "cpu", "gpu_count": 0, "driver": None, "vllm_version": "0.32.0"
 
 
 def add_recommendation(store: Store, *, gpu: str = "cpu", k: int = 3, class_policy: dict[str, Any] | None = None,
-                       al: float = 2.4, drafter: str = DRAFTER) -> int:
+                       al: float = 2.4, drafter: str = DRAFTER, launch_k: int | None = None) -> int:
     return store.add_recommendation(
         MODEL,
         gpu=gpu,
         objective="throughput",
         best_config={"method": "draft_model", "drafter": drafter, "num_speculative_tokens": k,
                      "parallel_drafting": True, "max_num_seqs": 16, "max_num_batched_tokens": 1024},
-        metrics={"acceptance_length": al, "output_tokens_per_s": 500.0},
+        metrics={"acceptance_length": al, "output_tokens_per_s": 500.0,
+                 **({} if launch_k is None else {"launch_k": launch_k})},
         provenance={"kind": "measured", "backend": "vllm", "device": gpu},
         class_policy=class_policy if class_policy is not None else CLASS_CAPS,
         workload_name="fixture",
@@ -109,6 +110,20 @@ def test_on_a_gpu_serve_launches_at_the_tuned_k_whose_steps_replay_full_graphs(
     assert any("FULL CUDA graphs" in note and "--max-k" in note for note in tuned.notes)
     deeper = resolve_tuned_config(store, MODEL, device="cpu", max_k=5)  # the user asks for a deeper launch
     assert deeper.spec.k == 5
+
+
+def test_on_a_gpu_serve_launches_at_the_searchs_fastest_k_and_falls_back_to_the_pick(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The search picked K=3 (the smallest K within the prediction's spread) and found K=4 fastest: the adaptive
+    # engine launches at 4, the controller may go below it, and falls back to 3.
+    import autotune.engine._variants as variants
+
+    monkeypatch.setattr(variants, "engine_device", lambda *a, **k: "cuda")
+    add_recommendation(store, k=3, launch_k=4)
+    add_profile(store)
+    tuned = resolve_tuned_config(store, MODEL, device="cpu")
+    assert tuned.spec.k == 4 and tuned.policy.max_k == 4 and tuned.static_k == 3
 
 
 def test_recommendation_policy_with_the_newest_profile_gives_an_adaptive_plugin(store: Store) -> None:

@@ -119,6 +119,11 @@ class ScenarioResult:
     per_drafter: list[DrafterBest] = field(default_factory=list)
     """The best config of every drafter variant searched (drafter, layers, parallel drafting, hypothetical), fastest
     first, with speedups over no speculation and over the best plain EAGLE-3 head (`autotune.search.compare`)."""
+    launch_k: int | None = None
+    """The K of the fastest trial of the recommended config's drafter and drafting mode at its max_num_seqs, no
+    ties (`fastest_k`): where a GPU replays FULL CUDA graphs only at the launch's K and the adaptive controller goes
+    below it, never above, `peagle-tune serve` launches there and falls back to the recommended K. None: no
+    speculation, or not feasible."""
     tie: str | None = None
     """When several K tie with the recommendation (within the tie margin): which, and why its K was chosen
     (`autotune.search.compare.tie_note`); None when one K stands out."""
@@ -169,6 +174,8 @@ class ScenarioResult:
             metrics["hypothetical_note"] = self.hypothetical
         if self.tie:
             metrics["tie_note"] = self.tie
+        if self.launch_k is not None:
+            metrics["launch_k"] = self.launch_k
         if self.per_drafter:
             metrics["per_drafter"] = [r.to_dict() for r in self.per_drafter]
         if self.confirmation is not None:
@@ -465,7 +472,24 @@ def summarize(
         constraints=constraints,
         per_drafter=per_variant,
         tie=_tie(objective, complete, front, chosen, config, space, config_of) if ok else None,
+        launch_k=fastest_k(complete, config, config_of) if ok and config.speculative else None,
     )
+
+
+def fastest_k(complete: Sequence[FrozenTrial], config: SpecConfig, config_of: ConfigOf) -> int:
+    """The K of the highest-throughput finished trial whose config is `config` but for K (same drafter, drafting
+    mode, max_num_seqs, ...): the adaptive engine's launch K (`ScenarioResult.launch_k`); `config`'s own K when no
+    such trial has a figure."""
+    best_k, best = config.k, -math.inf
+    for t in complete:
+        c = config_of(t)
+        if c is None or not c.speculative or c.with_(num_speculative_tokens=config.k) != config:
+            continue
+        m = trial_measurement(t)
+        value = m.output_tokens_per_s if m is not None and m.ok else None
+        if value is not None and math.isfinite(value) and value > best:
+            best_k, best = c.k, value
+    return best_k
 
 
 def _tie(

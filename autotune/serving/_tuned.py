@@ -154,12 +154,13 @@ def resolve_tuned_config(
         elif policy_path is not None:
             depth = policy.max_k  # the policy file names the drafter's depth
         elif _full_graphs_here():
-            depth = config.k
-            if policy.max_k > depth:
+            launch = (rec.metrics or {}).get("launch_k")
+            depth = max(launch, config.k) if isinstance(launch, int) and not isinstance(launch, bool) else config.k
+            if policy.max_k != depth:
                 notes.append(
-                    f"Launching at the tuned K={depth}, not the policy's max_k {policy.max_k}: on a GPU only the "
-                    "launch's K replays FULL CUDA graphs, so the controller adapts at and below it (pass --max-k "
-                    "to launch deeper).")
+                    f"Launching at K={depth}, the search's fastest K for this config (the policy's max_k is "
+                    f"{policy.max_k}): on a GPU only the launch's K replays FULL CUDA graphs, so the controller adapts "
+                    "at and below it (pass --max-k to launch at another K).")
         else:
             depth = max(policy.max_k, config.k)
         if depth < policy.static_k:

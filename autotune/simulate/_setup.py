@@ -134,6 +134,13 @@ class Setup:
         return best_depth_per_batch(goodput, [batch_size], list(range(1, self.max_k + 1)),
                                     tie_margin_for(self.cost.label))[batch_size]
 
+    def fastest_static(self, batch_size: int, token_weights: Mapping[str, float]) -> int:
+        """The static K >= 1 with the highest predicted goodput at this batch size, no ties: the adaptive engine's
+        launch K on a GPU (as the search stores it, `launch_k`). Only the launch K replays FULL graphs and the
+        controller goes below it, never above, so it launches at the fastest K and falls back to `best_static`."""
+        goodput = self._goodput(token_weights)
+        return best_depth_per_batch(goodput, [batch_size], list(range(1, self.max_k + 1)))[batch_size]
+
     def schedule(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> BatchSizeSchedule:
         """vLLM's batch-size schedule: best K in 0..K_max at powers of two up to max_num_seqs, merged (the pick
         rule of `best_static`, as `export --format schedule` builds it)."""
@@ -188,9 +195,10 @@ class Setup:
     def controller_policy(self, max_num_seqs: int, token_weights: Mapping[str, float]) -> RequestPolicy:
         """The user's policy (max_k clipped to the drafter's K), or defaults with the predicted best static K.
 
-        On a device with FULL CUDA graphs the default launch is at that static K, as `peagle-tune serve` launches
-        there: only the launch's K replays FULL graphs, so a deeper launch would pay the PIECEWISE penalty at every
-        depth the controller picks below it (`policies._graphs`). Without graphs the launch is at the drafter's K."""
+        On a device with FULL CUDA graphs the default launch is at the fastest static K (`fastest_static`), as
+        `peagle-tune serve` launches there (the search's ``launch_k``): only the launch's K replays FULL graphs, so a
+        deeper launch would pay the PIECEWISE penalty at every depth the controller picks below it
+        (`policies._graphs`). Without graphs the launch is at the drafter's K."""
         if self.policy is not None:
             p = self.policy
             if p.max_k > self.max_k:
@@ -198,9 +206,10 @@ class Setup:
             return p
         classes = sorted(token_weights)
         static_k = self.best_static(max_num_seqs, token_weights)
+        launch_k = max(self.fastest_static(max_num_seqs, token_weights), static_k)
         return RequestPolicy(
             static_k=static_k,
-            max_k=static_k if self.cost.full_graphs else self.max_k,
+            max_k=launch_k if self.cost.full_graphs else self.max_k,
             default_class=classes[0] if classes else "chat",
         )
 
