@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -297,15 +296,10 @@ def render(result: Any, per_phase: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def _static_k(row: Any) -> int:
-    """The K of a static row ("static K=4"); 0 for no speculation."""
-    found = re.search(r"K=(\d+)", row.config) if row.kind == "static" else None
-    return int(found.group(1)) if found else 0
-
-
 def _verdict(rows: list[Any], margin: float) -> list[str]:
     """The best static config by the search's pick rule (`pick_tied`: ties within `margin` go to the smallest K),
     and each adaptive config against it."""
+    from autotune.cli._simulate_summary import static_k as _static_k
     from autotune.search.compare import pick_tied, tie_note
 
     statics = [r for r in rows if r.kind in ("none", "static")]
