@@ -40,7 +40,7 @@ from autotune.fit import MemoryFit, max_model_len_of
 from autotune.measurement import Measurement, Provenance
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import Workload
-from policies import AcceptanceProfile
+from policies import AcceptanceProfile, StepCostModel
 
 __all__ = [
     "Calibration",
@@ -56,15 +56,8 @@ __all__ = [
 class StepCostPredictor(Protocol):
     """What the backend needs of a fitted step-cost model (`policies.StepCostModel` has it)."""
 
-    def predict(self, batch_size: int, depth: int, drafter_ran: bool | None = None,
-                piecewise: bool | None = None) -> float:
-        """Step time in ms of B requests verifying `depth` drafts each (``piecewise=False``: a launch at that
-        depth, whose uniform steps replay FULL CUDA graphs)."""
-        ...
-
-    @property
-    def coefficients(self) -> dict[str, float]:
-        """ms per unit of each feature; ``piecewise``: a step that runs PIECEWISE (`policies._graphs`)."""
+    def predict(self, batch_size: int, depth: int) -> float:
+        """Step time in ms of B requests verifying `depth` drafts each."""
         ...
 
 
@@ -197,8 +190,11 @@ class ModelBackend(Backend):
         """
         if batch_size < 1:
             raise UsageError(f"batch_size must be >= 1, but got {batch_size}.")
-        if self.cost_model is not None:  # a fresh launch at static K: its uniform steps replay FULL graphs
-            return float(self.cost_model.predict(batch_size, config.k, piecewise=False))
+        model = self.cost_model
+        if isinstance(model, StepCostModel):  # a fresh launch at static K: its uniform steps replay FULL graphs
+            return float(model.predict(batch_size, config.k, piecewise=False))
+        if model is not None:
+            return float(model.predict(batch_size, config.k))
         return self.step(config, batch_size, context_tokens).calibrated_ms(self.calibration)
 
     def piecewise_penalty_ms(self, config: SpecConfig, context_tokens: float | None = None) -> float:
@@ -208,7 +204,7 @@ class ModelBackend(Backend):
         ``piecewise`` coefficient when it measured one."""
         from policies._graphs import piecewise_penalty_ms
 
-        if self.cost_model is not None and self.cost_model.coefficients.get("piecewise"):
+        if isinstance(self.cost_model, StepCostModel) and self.cost_model.coefficients.get("piecewise"):
             return float(self.cost_model.coefficients["piecewise"])
         return piecewise_penalty_ms(self.predict_step_ms(config, 1, context_tokens))
 
