@@ -67,7 +67,10 @@ def test_a_batch_size_schedule_runs_every_step_piecewise_and_pays_for_it() -> No
         (s.batch_size, s.verified_tokens) for s in static.shapes]
     full = sum(not s.piecewise for s in static.shapes)
     assert full > 0
-    extra = sum(gpu.step_ms(s) for s in gpu.shapes) - sum(static.step_ms(s) for s in static.shapes)
+    def price(cost: Recording) -> float:  # priced without recording (the recorder appends what it prices)
+        return sum(FittedStepCost.step_ms(cost, s) for s in cost.shapes)
+
+    extra = price(gpu) - price(static)
     assert extra == pytest.approx(5.0 * full)
 
 
@@ -88,21 +91,24 @@ def test_an_adaptive_launch_below_its_k_runs_piecewise() -> None:
         assert s.piecewise is (s.verified_tokens != s.batch_size * 5)
 
 
-def test_on_a_gpu_the_controller_launches_at_the_static_k_async_and_prices_sync() -> None:
+def test_on_a_gpu_the_controller_launches_at_the_fastest_k_async_and_prices_sync() -> None:
     phases = [Phase("chat", tuple(SimRequest(i, "chat", 200, 64) for i in range(8)))]
     setup = gpu_setup("gpt-oss-120b", "h200", {"w": phases})
     assert setup.cost.full_graphs
     configs = setup.configs(8, {"chat": 1.0}, kinds=("adaptive",))
     adaptive = configs[0]
     assert isinstance(adaptive, Adaptive)
-    static_k = setup.best_static(8, {"chat": 1.0})
-    assert adaptive.policy.max_k == static_k == adaptive.graph_depth
-    assert adaptive.cost_model.full_graph_depth == static_k and adaptive.cost_model.coefficients["piecewise"] > 0
+    # It launches at the fastest static K (the only depth whose steps replay FULL graphs) and falls back to the
+    # search's pick (the smallest K within the spread).
+    launch_k, static_k = setup.fastest_static(8, {"chat": 1.0}), setup.best_static(8, {"chat": 1.0})
+    assert adaptive.policy.max_k == launch_k == adaptive.graph_depth and adaptive.policy.static_k == static_k
+    assert launch_k >= static_k
+    assert adaptive.cost_model.full_graph_depth == launch_k and adaptive.cost_model.coefficients["piecewise"] > 0
     assert adaptive.async_scheduling and adaptive.plugin_ms_per_step == 0.0
     setup.async_scheduling = False  # the plugin forced synchronous: it pays the host time async overlaps
     sync = setup.configs(8, {"chat": 1.0}, kinds=("adaptive",))[0]
     assert isinstance(sync, Adaptive) and not sync.async_scheduling
-    assert sync.plugin_ms_per_step == pytest.approx(SYNC_HOST_SHARE * setup.uniform_step_ms(1, static_k))
+    assert sync.plugin_ms_per_step == pytest.approx(SYNC_HOST_SHARE * setup.uniform_step_ms(1, launch_k))
 
 
 def test_async_decisions_learn_each_outcome_one_step_late() -> None:
