@@ -46,7 +46,10 @@ def test_an_in_launch_launch_warms_every_depth_and_batch_shape_before_measuring(
     assert set(shapes) == {(b, k) for b in CONCURRENCIES for k in KS}
     for (b, k), w in shapes.items():
         assert w["num_requests"] == b and w["output_tokens"] == b * (k + 3), w
-        assert 3 <= w["steps"] <= 1 + (k + 2) + (b - 1), w  # a second request's prefill may take its own step
+        # Upper bound: a second request's prefill may take its own step, and the phase's window may hold one engine
+        # step without its requests (the engine core steps in its own process while they arrive: seen under load,
+        # 6 steps for 1 request of 5 tokens at K=2).
+        assert 3 <= w["steps"] <= 2 + (k + 2) + (b - 1), w
     assert "warm-up of 4 shapes, 6 requests x 4 to 5 tokens (27 tokens)" in lines[0]  # 1x4 + 1x5 + 2x4 + 2x5
 
     # The warm-up is in no figure: the scenario's 2 prompts (one per class) are all the measured requests.
