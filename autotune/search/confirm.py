@@ -21,13 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.measurement import Measurement
+from autotune.search.objective import MissingFigureError, Objective, measurement_metrics
 from autotune.spec import SpecConfig
 from policies._graphs import FULL_GRAPH_MODES, PIECEWISE_PENALTY_SHARE, full_graph_depth, step_graph_mode
 
+if TYPE_CHECKING:
+    from autotune.search.result import ScenarioResult
+
 __all__ = [
+    "beats_baseline",
+    "confirm_fresh",
     "MAX_CANDIDATES",
     "Figure",
     "candidate_note",
@@ -122,3 +128,45 @@ def candidate_note(figure: Measurement, fresh: Measurement | None) -> dict[str, 
         "fresh_graph_mode": None if fresh is None else fresh.extra.get("graph_mode"),
         "launched": fresh is not None,
     }
+
+
+def confirm_fresh(objective: Objective, result: ScenarioResult, in_launch: Measurement, fresh: Measurement) -> None:
+    """Recommend `fresh` (a config launched as it would be served) in place of its in-launch figure; if that
+    launch failed, misses the SLOs or loses to no speculation, recommend no speculation instead."""
+    note: dict[str, Any] = {
+        "config": in_launch.config.label(),
+        "in_launch_tokens_per_s": in_launch.output_tokens_per_s,
+        "fresh_tokens_per_s": fresh.output_tokens_per_s if fresh.ok else None,
+        "fresh_ok": fresh.ok,
+    }
+    if fresh.ok and fresh.output_tokens_per_s and in_launch.output_tokens_per_s:
+        note["ratio"] = fresh.output_tokens_per_s / in_launch.output_tokens_per_s
+    base = result.baseline
+    keep, why = True, ""
+    if not fresh.ok:
+        keep, why = False, f"the fresh launch failed ({fresh.failure_kind}: {fresh.failure_reason})"
+    elif base is not None and base.ok:
+        keep, why = beats_baseline(objective, fresh, base)
+    if keep or base is None or not base.ok:
+        result.best = fresh
+        note["recommended"] = "confirmed"
+    else:
+        result.best = base
+        note["recommended"] = "no speculation"
+        note["why"] = why
+    result.confirmation = note
+
+def beats_baseline(objective: Objective, fresh: Measurement, base: Measurement) -> tuple[bool, str]:
+    """Whether `fresh` still beats no speculation under the objective, and if not, why, in words."""
+    fresh_metrics, base_metrics = measurement_metrics(fresh), measurement_metrics(base)
+    try:
+        ours, theirs = objective.values(fresh_metrics)[0], objective.values(base_metrics)[0]
+    except MissingFigureError as exc:
+        return False, str(exc)
+    if any(v > 0 for v in objective.constraints(fresh_metrics).values()):
+        return False, f"launched fresh it misses {objective.describe_slos()}"
+    sign = 1.0 if objective.directions[0] == "maximize" else -1.0
+    if sign * ours < sign * theirs:
+        name = objective.value_names[0]
+        return False, f"launched fresh its {name} {ours:.4g} loses to no speculation's {theirs:.4g}"
+    return True, ""

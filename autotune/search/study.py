@@ -27,7 +27,7 @@ from autotune.backends.base import Backend
 from autotune.errors import StudyStorageError, UsageError
 from autotune.measurement import Measurement
 from autotune.search import depths
-from autotune.search.confirm import Figure, candidate_note, confirmation_candidates, in_launch_spread
+from autotune.search.confirm import Figure, candidate_note, confirm_fresh, confirmation_candidates, in_launch_spread
 from autotune.search.coordination import (
     STORAGE_ERRORS,
     ClaimLock,
@@ -588,7 +588,7 @@ class Search:
         pick = max((c for c in candidates if scores[c] is not None), key=lambda c: scores[c] or 0.0,
                    default=best.config)
         if pick in launched:
-            self._confirm(result, figures[pick], launched[pick])
+            confirm_fresh(self.objective, result, figures[pick], launched[pick])
         else:  # its figure needs no fresh launch (no speculation, or measured fresh) and beat every fresh candidate
             result.best = served[pick]
             result.confirmation = {"config": pick.label(), "tokens_per_s": served[pick].output_tokens_per_s,
@@ -604,47 +604,6 @@ class Search:
             note["graph_mode"] = best.provenance.cudagraph_mode
             note["in_launch_best"] = best.config.label()
             note["candidates"] = [candidate_note(figures[c], launched.get(c)) for c in candidates]
-
-    def _confirm(self, result: ScenarioResult, in_launch: Measurement, fresh: Measurement) -> None:
-        """Recommend `fresh` (a config launched as it would be served) in place of its in-launch figure; if that
-        launch failed, misses the SLOs or loses to no speculation, recommend no speculation instead."""
-        note: dict[str, Any] = {
-            "config": in_launch.config.label(),
-            "in_launch_tokens_per_s": in_launch.output_tokens_per_s,
-            "fresh_tokens_per_s": fresh.output_tokens_per_s if fresh.ok else None,
-            "fresh_ok": fresh.ok,
-        }
-        if fresh.ok and fresh.output_tokens_per_s and in_launch.output_tokens_per_s:
-            note["ratio"] = fresh.output_tokens_per_s / in_launch.output_tokens_per_s
-        base = result.baseline
-        keep, why = True, ""
-        if not fresh.ok:
-            keep, why = False, f"the fresh launch failed ({fresh.failure_kind}: {fresh.failure_reason})"
-        elif base is not None and base.ok:
-            keep, why = self._beats(fresh, base)
-        if keep or base is None or not base.ok:
-            result.best = fresh
-            note["recommended"] = "confirmed"
-        else:
-            result.best = base
-            note["recommended"] = "no speculation"
-            note["why"] = why
-        result.confirmation = note
-
-    def _beats(self, fresh: Measurement, base: Measurement) -> tuple[bool, str]:
-        """Whether `fresh` still beats no speculation under the objective, and if not, why, in words."""
-        fresh_metrics, base_metrics = measurement_metrics(fresh), measurement_metrics(base)
-        try:
-            ours, theirs = self.objective.values(fresh_metrics)[0], self.objective.values(base_metrics)[0]
-        except MissingFigureError as exc:
-            return False, str(exc)
-        if any(v > 0 for v in self.objective.constraints(fresh_metrics).values()):
-            return False, f"launched fresh it misses {self.objective.describe_slos()}"
-        sign = 1.0 if self.objective.directions[0] == "maximize" else -1.0
-        if sign * ours < sign * theirs:
-            name = self.objective.value_names[0]
-            return False, f"launched fresh its {name} {ours:.4g} loses to no speculation's {theirs:.4g}"
-        return True, ""
 
     def _measure_counted(self, run: _Run, config: SpecConfig) -> Measurement:
         """`measure`, counting a measurement this worker had not made yet against the scenario."""
