@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from store._migrate import head_revision
 from store._records import (
+    BenchmarkRecord,
     DrafterRecord,
     EnvironmentRecord,
     ModelRecord,
@@ -46,6 +47,7 @@ from store.exceptions import (
 
 __all__ = [
     "BadRowError",
+    "BenchmarkRecord",
     "BadRowWarning",
     "DB_ENV_VAR",
     "DatabaseCorruptError",

@@ -32,6 +32,7 @@ TABLE_PREFIX = "peagle_"
 VERSION_TABLE = "peagle_alembic_version"
 
 PROFILE_KINDS: tuple[str, ...] = ("measured", "live")
+BENCHMARK_MODES: tuple[str, ...] = ("static", "adaptive")
 TRIAL_STATUSES: tuple[str, ...] = ("complete", "failed", "pruned", "running")
 
 # Deterministic constraint names, so migrations can refer to them on every backend.
@@ -192,4 +193,24 @@ class Recommendation(Base):
     schedule: Mapped[list[Any]] = _json()
     class_policy: Mapped[dict[str, Any]] = _json()
     study: Mapped[str | None] = mapped_column(String(_NAME), nullable=True)
+    created_at: Mapped[dt.datetime] = _created_at()
+
+
+class Benchmark(Base):
+    """A recommendation served as it will be (plain `vllm serve` or `peagle-tune serve`) and measured by vLLM's own
+    ``vllm bench serve`` (`peagle-tune bench`): the measured figures beside the recommendation they check."""
+
+    __tablename__ = "peagle_benchmarks"
+    __table_args__ = (CheckConstraint("mode IN ('static', 'adaptive')", name="mode"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    recommendation_id: Mapped[int] = mapped_column(
+        ForeignKey("peagle_recommendations.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    mode: Mapped[str] = mapped_column(String(16), nullable=False)
+    concurrency: Mapped[int] = mapped_column(Integer, nullable=False)
+    num_prompts: Mapped[int] = mapped_column(Integer, nullable=False)
+    figures: Mapped[dict[str, Any]] = _json()
+    provenance: Mapped[dict[str, Any]] = _json()
+    commands: Mapped[dict[str, Any]] = _json()
     created_at: Mapped[dt.datetime] = _created_at()

@@ -179,3 +179,23 @@ class StudySummary(_Record):
     """Trial number that reached `best_values[objective]` (the earliest one on ties)."""
     first_created_at: dt.datetime
     last_created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class BenchmarkRecord(_Record):
+    """A recommendation served as it will be and measured by vLLM's ``vllm bench serve`` (`peagle-tune bench`)."""
+
+    id: int
+    recommendation_id: int
+    mode: str
+    """Either "static" (plain ``vllm serve`` with the exported arguments) or "adaptive" (``peagle-tune serve``)."""
+    concurrency: int
+    """``--max-concurrency`` of the benchmark: the recommendation's concurrency."""
+    num_prompts: int
+    figures: dict[str, Any]
+    """Measured by ``vllm bench serve``: {"output_tokens_per_s": tokens/s, "tpot_ms_p50": ms, ...}."""
+    provenance: dict[str, Any]
+    """{"kind": "measured", "backend": "vllm bench serve", "device", "vllm_version", "torch_version", "date"}."""
+    commands: dict[str, Any]
+    """{"serve": [argv of the server], "bench": [argv of vllm bench serve]}."""
+    created_at: dt.datetime

@@ -2,7 +2,7 @@
 
 Configs, scenarios and metrics go in and come out as JSON dicts; what they mean belongs to autotune/policies.
 Each table's reads and writes live in its repository (`_environments`, `_workloads`, `_catalog`, `_profiles`,
-`_trials`, `_recommendations`); `Store` exposes their methods as its own (``store.add_trial`` is
+`_trials`, `_recommendations`, `_benchmarks`); `Store` exposes their methods as its own (``store.add_trial`` is
 `Trials.add_trial`). Every call opens a short session through `Store._session`, and `Store._translated` is the one
 place where SQLAlchemy errors become `StoreError`s (the words are in `_translate`). Each repository call is one
 transaction: a write that fails (locked, disk full, damaged file) is rolled back whole.
@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from store._bad_rows import BadRowError
+from store._benchmarks import Benchmarks
 from store._catalog import Drafters, Models
 from store._engine import open_engine
 from store._environments import Environments
@@ -143,6 +144,7 @@ class Store:
         self._profiles = Profiles(self._session, self._skip)
         self._trials = Trials(self._session, self._skip)
         self._recommendations = Recommendations(self._session, self._skip)
+        self._benchmarks = Benchmarks(self._session, self._skip)
         try:
             self._refuse(for_writing=for_writing, persistent=persistent)
             with self._translated():
@@ -330,3 +332,6 @@ class Store:
     get_recommendation = _Delegate("_recommendations", Recommendations.get_recommendation)
     list_recommendations = _Delegate("_recommendations", Recommendations.list_recommendations)
     latest_recommendation = _Delegate("_recommendations", Recommendations.latest_recommendation)
+
+    add_benchmark = _Delegate("_benchmarks", Benchmarks.add_benchmark)
+    list_benchmarks = _Delegate("_benchmarks", Benchmarks.list_benchmarks)

@@ -35,16 +35,19 @@ REOPENABLE_BACKENDS = [
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 
-# A later revision for the stale-schema tests: it adds one table, as a real 0002 migration would change the schema.
-REVISION_0002 = '''"""Test-only revision after 0001."""
+#: This peagle-tune's schema revision (versions/0002_benchmarks.py).
+HEAD = "0002"
+#: A later revision for the stale-schema tests: it adds one table, as a real 0003 migration would change the schema.
+NEWER = "0003"
+REVISION_NEWER = f'''"""Test-only revision after {HEAD}."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "{NEWER}"
+down_revision = "{HEAD}"
 branch_labels = None
 depends_on = None
 
@@ -66,10 +69,10 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Make this peagle-tune's migrations end at a test revision 0002 (as a newer release would)."""
+    """Make this peagle-tune's migrations end at a test revision after HEAD (as a newer release would)."""
     scripts = tmp_path / "migrations"
     shutil.copytree(migrate.SCRIPT_LOCATION, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0002_test_extra.py").write_text(REVISION_0002)
+    (scripts / "versions" / f"{NEWER}_test_extra.py").write_text(REVISION_NEWER)
     monkeypatch.setattr(migrate, "SCRIPT_LOCATION", scripts)
     yield
 
@@ -97,8 +100,8 @@ def _execute(url: str, sql: str) -> None:
 
 def test_initial_migration_matches_the_models(db_url: str) -> None:
     with Store(db_url) as store:
-        assert store.revision() == head_revision() == "0001"
-    # Alembic's autogenerate compare: an empty diff means versions/0001_initial.py creates exactly the models.
+        assert store.revision() == head_revision() == HEAD
+    # Alembic's autogenerate compare: an empty diff means versions/ creates exactly the models.
     assert _schema_differences(db_url) == []
     engine = create_store_engine(db_url)
     try:
@@ -122,36 +125,36 @@ def test_downgrade_to_base_leaves_an_empty_database_that_reopens_at_head(db_url:
         engine.dispose()
     # No peagle tables left: this is a new database again, created at head on open.
     with Store(db_url) as store:
-        assert store.revision() == "0001"
+        assert store.revision() == HEAD
 
 
 def test_older_revision_is_stale_until_upgraded(db_url: str, newer_migrations: None) -> None:
-    # Written by this release at 0001; the "installed" peagle-tune now ships 0002.
+    # Written by this release at HEAD; the "installed" peagle-tune now ships NEWER.
     migrate_head = migrate.head_revision()
-    assert migrate_head == "0002"
+    assert migrate_head == NEWER
     engine = create_store_engine(db_url)
     try:
         with engine.begin() as connection:
-            command.upgrade(migrate.alembic_config(connection=connection), "0001")
+            command.upgrade(migrate.alembic_config(connection=connection), HEAD)
     finally:
         engine.dispose()
 
     with pytest.raises(StaleSchemaError) as info:
         Store(db_url)
     message = str(info.value)
-    assert "at schema revision '0001'" in message and "needs revision '0002'" in message
+    assert f"at schema revision '{HEAD}'" in message and f"needs revision '{NEWER}'" in message
     assert message.endswith(f"Please run `peagle-tune db upgrade --db {mask_password(db_url)}`.")
 
-    assert upgrade(db_url) == "0002"
+    assert upgrade(db_url) == NEWER
     with Store(db_url) as store:
-        assert store.revision() == "0002"
+        assert store.revision() == NEWER
 
 
 def test_newer_revision_asks_to_upgrade_peagle_tune(db_url: str, newer_migrations: None) -> None:
-    Store(db_url).close()  # created by the "newer" peagle-tune at 0002
+    Store(db_url).close()  # created by the "newer" peagle-tune at NEWER
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(migrate, "SCRIPT_LOCATION", Path(migrate.__file__).resolve().parent / "migrations")
-        with pytest.raises(StaleSchemaError, match=r"revision '0002', which peagle-tune .* does not know") as info:
+        with pytest.raises(StaleSchemaError, match=rf"revision '{NEWER}', which peagle-tune .* does not know") as info:
             Store(db_url)
         assert "pip install -U peagle-tune" in str(info.value)
         # Upgrading cannot help an older peagle-tune either.
@@ -170,9 +173,9 @@ def test_missing_version_row_is_stale_and_upgrade_restores_it(db_url: str) -> No
     assert f"Please run `peagle-tune db upgrade --db {mask_password(db_url)}`." in str(info.value)
 
     # The tables match the head schema, so upgrade records the revision and keeps the data.
-    assert upgrade(db_url) == "0001"
+    assert upgrade(db_url) == HEAD
     with Store(db_url) as store:
-        assert store.revision() == "0001"
+        assert store.revision() == HEAD
         assert store.environment_id({"device": "cpu"}) == 1
 
 
@@ -192,14 +195,14 @@ def test_upgrade_refuses_unversioned_tables_that_differ(db_url: str, damage: str
     _execute(db_url, damage)
     with pytest.raises(StaleSchemaError) as info:
         upgrade(db_url)
-    assert f"differ from revision '0001' ({difference})" in str(info.value)
+    assert f"differ from revision '{HEAD}' ({difference})" in str(info.value)
     assert "Move this database aside" in str(info.value)
 
 
 def test_store_upgrade_method_on_current_database_is_a_no_op(db_url: str) -> None:
     with Store(db_url) as store:
         profile_env = store.environment_id({"device": "cpu"})
-        assert store.upgrade() == "0001"
+        assert store.upgrade() == HEAD
         assert store.environment_id({"device": "cpu"}) == profile_env
 
 
@@ -244,7 +247,7 @@ def test_concurrent_first_open_creates_the_schema_once(db_url: str, workers: str
             process.join()
     assert results == [1] * n  # every worker opened it and got the same environment row
     with Store(db_url) as store:
-        assert store.revision() == "0001"
+        assert store.revision() == HEAD
 
 
 # ---------------------------------------------------------------------------------------------------- Optuna
@@ -260,8 +263,8 @@ def test_optuna_study_shares_the_sqlite_file(tmp_path: Path) -> None:
 
     # Our schema check and Alembic ignore Optuna's tables (and its own alembic_version).
     with Store(url) as store:
-        assert store.revision() == "0001"
-        assert store.upgrade() == "0001"
+        assert store.revision() == HEAD
+        assert store.upgrade() == HEAD
         assert [t.study for t in store.list_trials()] == ["k-search"]
     assert _schema_differences(url) == []
     loaded = optuna.load_study(study_name="k-search", storage=url)
@@ -275,11 +278,11 @@ def test_store_opens_a_database_optuna_created_first(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna-first.db'}"
     optuna.create_study(study_name="first", storage=url)
     with Store(url) as store:  # only Optuna's tables: ours are created, not reported as stale
-        assert store.revision() == "0001"
+        assert store.revision() == HEAD
     assert [s.study_name for s in optuna.get_all_study_summaries(storage=url)] == ["first"]
     with sqlite3.connect(tmp_path / "optuna-first.db") as raw:
         optuna_version = raw.execute("SELECT version_num FROM alembic_version").fetchall()
-    assert len(optuna_version) == 1 and optuna_version[0][0] != "0001"
+    assert len(optuna_version) == 1 and optuna_version[0][0] != HEAD
 
 
 # ---------------------------------------------------------------------------------------------------- SQLite
@@ -385,11 +388,11 @@ def _alembic_heads() -> list[str]:
 
 def test_the_head_read_without_alembic_is_alembics_head() -> None:
     # Opening a store reads the head from the migration files itself (Alembic takes ~0.6 s to import).
-    assert [migrate.head_revision()] == _alembic_heads() == ["0001"]
+    assert [migrate.head_revision()] == _alembic_heads() == [HEAD]
 
 
 def test_the_head_read_without_alembic_follows_a_newer_migration(newer_migrations: None) -> None:
-    assert [migrate.head_revision()] == _alembic_heads() == ["0002"]
+    assert [migrate.head_revision()] == _alembic_heads() == [NEWER]
 
 
 def test_the_revision_read_without_alembic_is_alembics(db_url: str) -> None:
@@ -400,6 +403,6 @@ def test_the_revision_read_without_alembic_is_alembics(db_url: str) -> None:
     try:
         with engine.connect() as connection:
             theirs = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_heads()
-            assert [migrate.current_revision(connection)] == list(theirs) == ["0001"]
+            assert [migrate.current_revision(connection)] == list(theirs) == [HEAD]
     finally:
         engine.dispose()
