@@ -27,6 +27,10 @@ def run_vllm_cli(argv: Sequence[str]) -> None:
             return real_version(distribution_name)
 
         metadata.version = version
+    if argv[:1] == ["serve"]:
+        from autotune.engine._launch_log import note_launch
+
+        note_launch(f"serve {argv[1] if len(argv) > 1 else ''}".strip())
     sys.argv = ["vllm", *argv]
     from vllm.entrypoints.cli.main import main
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.engine._launch_log import note_launch
 from autotune.engine._watchdog import ENGINE_DIED, start_engine_watchdog
 from autotune.workloads import WorkloadRequest
 
@@ -104,6 +105,7 @@ def _load(job: Mapping[str, Any]) -> EngineSession:
 
     timings["import_s"] = time.perf_counter() - t
     enter("load")
+    note_launch(f"offline {job['model']}")
     t = time.perf_counter()
     llm = _state["engine"] = LLM(model=job["model"], **job["engine_kwargs"])
     timings["load_s"] = time.perf_counter() - t
