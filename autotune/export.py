@@ -129,19 +129,61 @@ def render(fmt: str, recommendation: dict[str, Any], *, as_json: bool = False) -
         return json.dumps(spec, indent=2) + "\n", warnings
     max_model_len = export_max_model_len(recommendation)
     if fmt == "vllm-args":
-        args = config_args(config, engine_paths=False)
-        if max_model_len is not None:
-            args["max_model_len"] = max_model_len
-        return shell_line(serve_command(model, args)) + "\n", warnings
+        return shell_line(serve_command(model, serve_args(recommendation))) + "\n", warnings
     if fmt == "yaml":
         header = comment_lines([*describe(recommendation), "Serve with: vllm serve --config THIS_FILE.yaml"])
-        return header + yaml.safe_dump(export_options(model, config, max_model_len), sort_keys=False), warnings
+        options = export_options(model, config, max_model_len)
+        options.update({key.replace("_", "-"): value for key, value in fit_args(recommendation, config).items()})
+        return header + yaml.safe_dump(options, sort_keys=False), warnings
     if fmt == "schedule":
         return _schedule(config, recommendation), warnings
     doc = policy_document(recommendation)
     if as_json:
         return json.dumps(doc, indent=2) + "\n", warnings
     return _policy_header(recommendation) + yaml.safe_dump(doc, sort_keys=False), warnings
+
+
+def serve_args(recommendation: Mapping[str, Any], config: SpecConfig | None = None,
+               speculative_extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``vllm serve`` arguments a vllm-args export prints (`config_args` with the drafter path as stored, and
+    `export_max_model_len`): for `config` (default: the recommendation's), `speculative_extra` added to its
+    speculative config (`serve --dry-run` adds K per batch size)."""
+    if config is None:
+        config = SpecConfig.from_dict(recommendation["best_config"])
+    args = config_args(config, engine_paths=False, speculative_extra=speculative_extra)
+    args.update(fit_args(recommendation, config))
+    return args
+
+
+def fit_args(recommendation: Mapping[str, Any], config: SpecConfig | None = None) -> dict[str, Any]:
+    """The memory arguments the search's fit check assumed (`autotune.search.machine.check_fit`), which every
+    export carries: max_model_len (`export_max_model_len`, when stored), tensor_parallel_size (1 too) and, for a
+    GPU, gpu_memory_utilization (the stored one, else vLLM's default the fit check used,
+    `autotune.fit.DEFAULT_GPU_MEMORY_UTILIZATION`). A CPU recommendation has none: there vLLM reads it as the share
+    of RAM to reserve, chosen from free memory at launch (`autotune.serving.cpu_memory_fraction`)."""
+    from autotune.fit import DEFAULT_GPU_MEMORY_UTILIZATION
+
+    if config is None:
+        config = SpecConfig.from_dict(recommendation["best_config"])
+    args: dict[str, Any] = {}
+    max_model_len = export_max_model_len(recommendation)
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
+    args["tensor_parallel_size"] = config.tensor_parallel_size
+    if str(recommendation.get("gpu") or "cpu").lower() != "cpu":
+        stored = (recommendation.get("metrics") or {}).get("gpu_memory_utilization")
+        valid = isinstance(stored, int | float) and not isinstance(stored, bool) and 0 < stored <= 1
+        args["gpu_memory_utilization"] = float(stored) if valid else DEFAULT_GPU_MEMORY_UTILIZATION
+    return args
+
+
+def fit_line(recommendation: Mapping[str, Any]) -> str:
+    """`fit_args` as ``vllm serve`` flags in a sentence, for the exports that hold only the speculative config
+    (vllm-json, schedule, policy) and the YAML header: ``Launch with --max-model-len 512 --tensor-parallel-size 1
+    --gpu-memory-utilization 0.92, as the fit check assumed.``"""
+    flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+                     for k, v in fit_args(recommendation).items())
+    return f"Launch with {flags}, as the fit check assumed."
 
 
 def export_max_model_len(recommendation: Mapping[str, Any]) -> int | None:
@@ -207,6 +249,10 @@ def describe(recommendation: Mapping[str, Any]) -> list[str]:
     source = f"{kind} by the {provenance.get('backend')} backend" if kind else "figures of unknown origin"
     lines = [where, f"{what}: {', '.join(figures) or 'no figures'} ({source})"]
     lines += pick_lines(recommendation)
+    try:
+        lines.append(fit_line(recommendation))
+    except Exception:  # a config another version stored: `what` above already says what it holds
+        pass
     deployment = deployment_line(recommendation)
     return lines if deployment is None else [*lines, deployment]
 
@@ -275,6 +321,7 @@ def _policy_header(recommendation: Mapping[str, Any]) -> str:
         f"{provenance.get('device', '?')}" + (f" from {provenance['profile']}" if provenance.get("profile") else "")
         + ".",
         *filter(None, [deployment_line(recommendation)]),
+        fit_line(recommendation),
         "Load with policies.load_policy(path); serve with `peagle-tune serve`.",
     ]
     schedule = recommendation.get("schedule") or []

@@ -12,9 +12,10 @@ raises; the CLI fetches the records and draws the candidates. The rule:
 - `choose_one`: one recommendation. When the candidates left differ in config, `Ambiguous` lists them and names
   the options that tell them apart (never the newest silently); when they hold the same config the newest is it.
 - `choose_search`: one search, for a server or a batch-size schedule: its highest concurrency's recommendation
-  (whose max_num_seqs covers every load searched and whose schedule gives K per batch size). ``latest=True``
-  (serve's default) takes the search stored last and says which others exist; otherwise several searches that
-  differ are `Ambiguous`.
+  (whose max_num_seqs covers every load searched and whose schedule gives K per batch size). Several searches
+  that differ in that config or schedule, or that were run for different GPUs, are `Ambiguous`.
+- `drafter_by_load`: where no one drafter is best at every load of the chosen search, each load's best and the
+  figures of the served drafter and of the others there.
 """
 
 from __future__ import annotations
@@ -109,8 +110,6 @@ class Choice:
     """The chosen recommendation's search, one recommendation per concurrency, lowest concurrency first."""
     same_config: tuple[Entry, ...] = ()
     """Other candidates holding the chosen config (the choice did not matter between them)."""
-    others: tuple[Entry, ...] = ()
-    """Candidates not chosen: the top recommendation of each other search (`choose_search` with ``latest``)."""
 
     @property
     def rec(self) -> Any:
@@ -400,27 +399,89 @@ def choose_one(records: Iterable[Any], criteria: Criteria) -> Choice:
     return Choice(chosen, search=tuple(_search_of(chosen, candidates)), same_config=tuple(candidates[1:]))
 
 
-def choose_search(records: Iterable[Any], criteria: Criteria, *, latest: bool = False) -> Choice:
-    """One search's highest-concurrency recommendation (with the search, one per concurrency). With `latest`, the
-    search stored last among those matching (the others in `Choice.others`); else `Ambiguous` when the matching
-    searches differ in that recommendation's config or schedule."""
+def choose_search(records: Iterable[Any], criteria: Criteria) -> Choice:
+    """One search's highest-concurrency recommendation (with the search, one per concurrency): `Ambiguous` when the
+    matching searches were run for different GPUs, or differ in that recommendation's config or schedule (the
+    newest of searches that agree is chosen, the others in `Choice.same_config`)."""
     candidates = newest_per_concurrency(matching(records, criteria))
     searches: dict[tuple[str, ...], list[Entry]] = {}
     for c in candidates:
         searches.setdefault(c.search, []).append(c)
     tops = sorted((_top(items) for items in searches.values()),
                   key=lambda e: max(x.order for x in searches[e.search]), reverse=True)
-    if latest and len({t.gpu for t in tops}) > 1:  # the latest of one GPU's searches, never of another GPU's
-        latest_per_gpu = {t.gpu: t for t in reversed(tops)}
-        raise _ambiguous(sorted(latest_per_gpu.values(), key=_listing_order), criteria, "searches", ["gpu"],
+    if len({t.gpu for t in tops}) > 1:  # figures, schedule and priors are one GPU's
+        newest_per_gpu = {t.gpu: t for t in reversed(tops)}
+        raise _ambiguous(sorted(newest_per_gpu.values(), key=_listing_order), criteria, "searches", ["gpu"],
                          " on different GPUs")
-    if latest or len({(_config_key(t.config), _config_key(t.rec.schedule or [])) for t in tops}) == 1:
-        chosen = tops[0]
-        same = tuple(t for t in tops[1:] if _config_key(t.config) == _config_key(chosen.config))
-        others = tuple(t for t in tops[1:] if t not in same)
-        return Choice(chosen, search=tuple(sorted(searches[chosen.search], key=_by_concurrency)), same_config=same,
-                      others=others)
-    raise _ambiguous(sorted(tops, key=_listing_order), criteria, "searches", ["gpu", "workload", "objective"])
+    if len({(_config_key(t.config), _config_key(t.rec.schedule or [])) for t in tops}) > 1:
+        raise _ambiguous(sorted(tops, key=_listing_order), criteria, "searches", ["gpu", "workload", "objective"])
+    chosen = tops[0]
+    return Choice(chosen, search=tuple(sorted(searches[chosen.search], key=_by_concurrency)),
+                  same_config=tuple(tops[1:]))
+
+
+DrafterKey = tuple[str, bool]
+"""A drafter as served: its id (``org/name``, ``:N-layer`` for a variant) and parallel drafting; ``("", False)``:
+no speculation."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load of a search: the drafter best there and each drafter's figure (its best config's tokens/s)."""
+
+    entry: Entry
+    best: DrafterKey
+    tokens_per_s: dict[DrafterKey, float]
+
+
+@dataclass(frozen=True)
+class DrafterSplit:
+    """A search whose loads have different best drafters (`drafter_by_load`)."""
+
+    served: DrafterKey
+    """The drafter of the search's highest concurrency: the one a server for every load serves."""
+    loads: tuple[Load, ...]
+    """Lowest concurrency first."""
+    configs: dict[DrafterKey, dict[str, Any]]
+    """A config of each drafter named (to name it)."""
+
+    @property
+    def others(self) -> list[DrafterKey]:
+        """The drafters best at some load other than the served one's, in load order."""
+        return list(dict.fromkeys(x.best for x in self.loads if x.best != self.served))
+
+
+def drafter_key(config: Mapping[str, Any]) -> DrafterKey:
+    if not config.get("drafter") or not config.get("num_speculative_tokens"):
+        return ("", False)
+    return (str(config["drafter"]), bool(config.get("parallel_drafting")))
+
+
+def drafter_by_load(search: Sequence[Entry]) -> DrafterSplit | None:
+    """Where the best drafter of `search` (one recommendation per concurrency) is not the same at every load: each
+    load's best, and there the figure of each drafter's best config as the search stored it (``per_drafter`` in
+    its metrics; no speculation's from the speedup over it). None where one drafter is best at every load."""
+    if len({drafter_key(e.config) for e in search}) < 2:
+        return None
+    loads = []
+    configs: dict[DrafterKey, dict[str, Any]] = {}
+    for e in sorted(search, key=_by_concurrency):
+        metrics = e.rec.metrics or {}
+        figures: dict[DrafterKey, float] = {}
+        for row in metrics.get("per_drafter") or ():
+            key, tps = drafter_key(row.get("best_config") or {}), row.get("output_tokens_per_s")
+            if isinstance(tps, int | float) and key[0]:
+                figures[key] = max(float(tps), figures.get(key, 0.0))
+                configs.setdefault(key, dict(row["best_config"]))
+        best = drafter_key(e.config)
+        configs.setdefault(best, e.config)
+        if e.tokens_per_s is not None:
+            figures[best] = e.tokens_per_s
+        speedup = metrics.get("speedup_vs_no_spec")
+        if e.tokens_per_s is not None and isinstance(speedup, int | float) and speedup > 0:
+            figures.setdefault(("", False), e.tokens_per_s / speedup)
+        loads.append(Load(e, best, figures))
+    return DrafterSplit(served=drafter_key(_top(search).config), loads=tuple(loads), configs=configs)
 
 
 def _top(items: Sequence[Entry]) -> Entry:
@@ -458,11 +519,15 @@ __all__ = [
     "Ambiguous",
     "Choice",
     "Criteria",
+    "DrafterSplit",
     "Entry",
+    "Load",
     "check",
     "choose_one",
     "choose_search",
     "concurrency_of",
+    "drafter_by_load",
+    "drafter_key",
     "entry",
     "gpu_key",
     "matching",

@@ -3,7 +3,7 @@ backend:
 
 - serve, export and show select by the same options (--concurrency, --gpu, --workload, --objective,
   --recommendation); several matches that differ in config are listed and exit 2 naming the option to add;
-  `export --concurrency 64` gives max_num_seqs >= 64; serve defaults to the latest search's highest concurrency;
+  `export --concurrency 64` gives max_num_seqs >= 64; serve defaults to the one search's highest concurrency;
 - `peagle-tune list models|drafters|gpus|workloads`, and "did you mean" for mistyped names; nothing stored is exit 3;
 - the picking rule: max_num_seqs above the concurrency only when it pays more than the tie margin;
 - long drafter and study names at 80 columns; `| head` exits 0;
@@ -134,7 +134,7 @@ def test_show_selects_as_export_does(db_two: str) -> None:
     assert "mt-bench, latency-tpot12 (predicted)" in text  # SLO runs are told apart from plain ones
 
 
-def test_serve_default_is_the_latest_search_at_its_highest_concurrency(db_one: str) -> None:
+def test_serve_default_is_the_search_at_its_highest_concurrency(db_one: str) -> None:
     """c=1 was stored last; serving its max_num_seqs=1 would queue every other client."""
     result = ok("serve", "--model", "gpt-oss-120b", "--gpu", "h200", "--dry-run", "--db", db_one)
     top = at(db_one, 64)
@@ -155,10 +155,10 @@ def test_serve_concurrency_and_objective_choose_like_export(db_two: str) -> None
     ambiguous = cli("serve", "--model", "gpt-oss-120b", "--gpu", "h200", "--concurrency", "64", "--dry-run",
                     "--db", db_two)
     assert ambiguous.exit_code == 2 and "--objective" in ambiguous.stderr.splitlines()[-1]
-    # Without --concurrency: the latest search (the latency one), saying which other search is stored.
-    latest = ok("serve", "--model", "gpt-oss-120b", "--gpu", "h200", "--dry-run", "--db", db_two)
-    err = " ".join(latest.stderr.split())
-    assert f"#{at(db_two, 64, 'latency')['id']}" in err and f"Also stored: #{at(db_two, 64)['id']}" in err
+    # Without --concurrency: two searches that differ (issue 41 item 3: before, the latest was served).
+    both = cli("serve", "--model", "gpt-oss-120b", "--gpu", "h200", "--dry-run", "--db", db_two)
+    assert both.exit_code == 2 and "--objective" in both.stderr.splitlines()[-1]
+    assert listed_ids(both.stderr) == {at(db_two, 64)["id"], at(db_two, 64, "latency")["id"]}
 
 
 def test_a_recommendation_id_must_agree_with_the_other_options(db_one: str) -> None:

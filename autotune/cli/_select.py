@@ -15,7 +15,7 @@ from autotune.selection import Ambiguous, Choice, Criteria, Entry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-Unit = Literal["one", "search", "latest-search"]
+Unit = Literal["one", "search"]
 
 recommendation_option = click.option(
     "--recommendation", "rec_id", type=number("--recommendation"), default=None, metavar="ID",
@@ -43,8 +43,8 @@ def selection_options(f: F) -> F:
 
 def choose(store: Any, criteria: Criteria, rec_id: int | None, unit: Unit = "one") -> Choice:
     """The recommendation `rec_id` (checked against `criteria`), else the one `criteria` select (`unit`: one
-    recommendation, a search's highest concurrency, or the latest such search). When the choice is the user's, the
-    candidates are drawn on stderr and `autotune.selection.Ambiguous` (a usage error: exit 2) is raised."""
+    recommendation, or a search's highest concurrency). When the choice is the user's, the candidates are drawn on
+    stderr and `autotune.selection.Ambiguous` (a usage error: exit 2) is raised."""
     from autotune import selection
 
     if rec_id is not None:
@@ -55,7 +55,7 @@ def choose(store: Any, criteria: Criteria, rec_id: int | None, unit: Unit = "one
     try:
         if unit == "one":
             return selection.choose_one(records, criteria)
-        return selection.choose_search(records, criteria, latest=unit == "latest-search")
+        return selection.choose_search(records, criteria)
     except Ambiguous as exc:
         show_candidates(exc.candidates)
         raise
@@ -82,11 +82,3 @@ def schedule_words(rec: Any) -> str:
         lo, hi, k = item.get("batch_min"), item.get("batch_max"), item.get("k")
         parts.append(f"{lo}: K={k}" if lo == hi else f"{lo}-{hi}: K={k}")
     return ", ".join(parts)
-
-
-def others_words(choice: Choice) -> str | None:
-    """One line naming the other searches a `latest-search` choice passed over and how to take one, or None."""
-    if not choice.others:
-        return None
-    listed = "; ".join(f"#{o.id} {o.workload}, {o.objective}, {o.kind}, c={o.concurrency}" for o in choice.others)
-    return f"Also stored: {listed}. Pass --workload, --objective or --recommendation ID to choose another."

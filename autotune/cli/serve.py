@@ -71,10 +71,12 @@ def serve(
     """Serve a model with vLLM, its tuned speculative config and the adaptive depth controller.
 
     Looks up the tuned config, selecting as `export` and `show` do (--gpu, default this machine's device;
-    --workload, --objective, --concurrency, --recommendation ID). By default it serves the latest search for the
-    model and GPU: max_num_seqs of the highest concurrency searched, with K per batch size (the controller's, or
-    the search's schedule), and says so; --concurrency C serves the recommendation tuned for C. Several matching
-    recommendations that differ are listed (exit 2) rather than picked. A policy file overrides the classes and
+    --workload, --objective, --concurrency, --recommendation ID). By default it serves the search for the model
+    and GPU: max_num_seqs of the highest concurrency searched, with K per batch size (the controller's, or the
+    search's schedule), and says so, and where another drafter is best at a lower load, what serving either costs
+    there; --concurrency C serves the recommendation tuned for C. Several matching searches or recommendations
+    that differ are listed and refused (exit 2, naming the option to add), as `export` does. A policy file overrides
+    the classes and
     caps; acceptance and step costs come from the newest stored profile. It launches `vllm serve` with the
     scheduler plugin that picks the verified depth per step and per request, and stores live acceptance and step
     times as a "live" profile. Requests are classified by served model name and prompt; a client may ask for a
@@ -174,7 +176,7 @@ def _pick_recommendation(
     store: Any, criteria: Criteria, rec_id: int | None, dry_run: bool, cold_start_ok: bool
 ) -> tuple[Choice | None, str | None, str]:
     """(the choice, the device to serve it as, where the GPU came from) by `autotune.selection`: --recommendation
-    as given; else --concurrency C's recommendation, or the latest search's highest concurrency, for --gpu, else
+    as given; else --concurrency C's recommendation, or the one search's highest concurrency, for --gpu, else
     this machine's device. A dry run on a machine with nothing for its own device takes the one GPU tuned (several
     are listed, exit 2). (None, None, ...) leaves the lookup to `resolve_tuned_config` (a cold start with
     --drafter, or its error naming the search to run)."""
@@ -183,7 +185,7 @@ def _pick_recommendation(
     from autotune.environment import detect_environment
     from autotune.errors import NotFoundError, UnknownModelError
 
-    unit: Unit = "one" if criteria.concurrency is not None else "latest-search"
+    unit: Unit = "one" if criteria.concurrency is not None else "search"
     if rec_id is not None:
         choice = choose(store, criteria, rec_id)
         return choice, (choice.rec.gpu if criteria.gpu is not None else None), f"recommendation #{rec_id}"
@@ -219,9 +221,9 @@ def _nothing_here(store: Any, criteria: Criteria, here: str) -> str:
 
 
 def _choice_lines(choice: Choice, where: str, *, given: bool, by_concurrency: bool) -> list[str]:
-    """What `serve` chose and why, for stderr: the search and which concurrency's max_num_seqs, and K by batch
-    size."""
-    from autotune.cli._select import others_words, schedule_words, search_words
+    """What `serve` chose and why, for stderr: the search and which concurrency's max_num_seqs, K by batch size,
+    and the drafter best at each load where that is not one drafter (`_drafter_lines`)."""
+    from autotune.cli._select import schedule_words, search_words
 
     e = choice.entry
     if given:
@@ -230,7 +232,7 @@ def _choice_lines(choice: Choice, where: str, *, given: bool, by_concurrency: bo
         lines = [f"chosen: the recommendation for concurrency {e.concurrency} on {e.gpu} ({where}): #{e.id}, "
                  f"{e.workload}, {e.objective}, {e.kind}."]
     else:
-        lines = [f"chosen: the latest search for {e.rec.model} on {e.gpu} ({where}): {search_words(choice)}; "
+        lines = [f"chosen: the search for {e.rec.model} on {e.gpu} ({where}): {search_words(choice)}; "
                  f"max_num_seqs {e.max_num_seqs} from the highest concurrency, {e.concurrency} (#{e.id})."]
     if e.max_num_seqs is not None and e.concurrency is not None and e.max_num_seqs < e.concurrency:
         lines.append(f"max_num_seqs {e.max_num_seqs} is below the concurrency {e.concurrency} it was tuned for: "
@@ -239,10 +241,60 @@ def _choice_lines(choice: Choice, where: str, *, given: bool, by_concurrency: bo
     if schedule:
         lines.append(f"K by batch size: {schedule} (the search's schedule; the adaptive controller picks K per step "
                      "from live acceptance, falling back to the static K).")
-    also = others_words(choice)
-    if also:
-        lines.append(also)
+    if choice.same_config:
+        lines.append(f"The same config is also stored as {', '.join(f'#{x.id}' for x in choice.same_config)}.")
+    return lines + _drafter_lines(choice)
+
+
+def _drafter_lines(choice: Choice) -> list[str]:
+    """Where the chosen search's loads have different best drafters (`autotune.selection.drafter_by_load`): one
+    line saying which is best where and which is served, then per other drafter its figure against the served
+    one's at each load (tokens/s as the search stored them, measured or predicted)."""
+    from autotune.cli._tables._cells import drafter_cell
+    from autotune.selection import drafter_by_load
+    from autotune.spec import SpecConfig
+
+    split = drafter_by_load(choice.search)
+    if split is None:
+        return []
+    model = str(choice.rec.model)
+    shown = [split.served, *split.others]
+    plain = {k: drafter_cell(SpecConfig.from_dict(split.configs[k]), model=model) for k in shown}
+
+    def name(key: tuple[str, bool]) -> str:  # the same checkpoint drafting in parallel and in sequence: say which
+        clash = sum(1 for text in plain.values() if text == plain[key]) > 1
+        return plain[key] + (f" ({'parallel' if key[1] else 'sequential'})" if clash else "")
+
+    best_at: dict[tuple[str, bool], list[str]] = {}
+    for load in split.loads:
+        best_at.setdefault(load.best, []).append(str(load.entry.concurrency))
+    where = "; ".join(f"{name(k)} at c={', '.join(cs)}" for k, cs in best_at.items())
+    top = split.loads[-1].entry.concurrency
+    lines = [f"drafter by load: no one drafter is best at every load ({where}); serving {name(split.served)}, "
+             f"c={top}'s best, at every load."]
+    label = _figures_label(choice.rec)
+    for other in split.others:
+        cells = []
+        for load in split.loads:
+            mine, theirs = load.tokens_per_s.get(split.served), load.tokens_per_s.get(other)
+            if mine is None or theirs is None:
+                cells.append(f"c={load.entry.concurrency} not stored")
+                continue
+            cells.append(f"c={load.entry.concurrency} {theirs:.1f} vs {mine:.1f} ({theirs / mine:.2f}x)")
+        lines.append(f"{name(other)} vs {name(split.served)}, tok/s ({label}): {', '.join(cells)}.")
     return lines
+
+
+def _figures_label(rec: Any) -> str:
+    """``predicted by the model backend``, or ``measured by the vllm backend on NVIDIA H200 ..., vLLM 0.32``."""
+    provenance = rec.provenance or {}
+    kind = provenance.get("kind")
+    if not kind:
+        return "figures of unknown origin"
+    text = f"{kind} by the {provenance.get('backend')} backend"
+    if kind == "measured":
+        text += f" on {provenance.get('device') or rec.gpu}, vLLM {provenance.get('vllm_version') or '?'}"
+    return text
 
 
 def _cpu_memory(device: str | None) -> tuple[float, int, int] | None:
@@ -312,14 +364,19 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
     """What a dry run prints: the `vllm serve` line with the tuned config at its static K (vLLM alone runs it), then
     one line on the adaptive launch; `verbose`: that launch whole (`ServeLaunch.describe`: command, environment,
     plugin config)."""
-    from autotune.engine import config_args, serve_command, shell_line
+    from autotune.engine import serve_command, shell_line
+    from autotune.export import serve_args
+    from autotune.serving._launch import user_sets
 
     spec = tuned.spec
     if spec.speculative and tuned.static_k:
         spec = spec.with_(num_speculative_tokens=tuned.static_k)
     by_batch = _per_batch_size(tuned)
-    plain = serve_command(tuned.model, config_args(spec, engine_paths=False, speculative_extra=by_batch), host=host,
-                          port=port, memory_fraction=launch.memory_fraction, extra=extra)
+    args = serve_args(tuned.recommendation, spec, by_batch)  # the arguments `export --format vllm-args` prints
+    if user_sets(extra, "--max-model-len"):
+        args.pop("max_model_len", None)  # the user's value, after `--`
+    plain = serve_command(tuned.model, args, host=host, port=port, memory_fraction=launch.memory_fraction,
+                          extra=extra)
     depth = f"static K={tuned.static_k}"
     if by_batch:
         depth = "K per batch size as the search found it"

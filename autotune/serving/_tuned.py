@@ -3,7 +3,7 @@
 Lookup order:
 
 1. the recommendation: ``--recommendation ID``, else the one `autotune.selection` chooses for this model and this
-   machine's device (the latest search's highest concurrency; the CLI chooses first, by its options);
+   machine's device (its one matching search's highest concurrency; the CLI chooses first, by its options);
 2. a policy file (``--policy FILE``, written by ``peagle-tune export --format policy``) overrides the recommendation's
    request policy (classes, caps, floors, static K, max K, controller settings);
 3. acceptance priors and the step-cost model: the newest stored profile (measured or live) of this model and drafter
@@ -250,9 +250,8 @@ def _recommendation(store: Any, model: str, rec_id: int | None, device: str, not
         return rec
     from autotune.selection import Criteria, choose_search
 
-    try:  # the rule `peagle-tune serve` selects by: the latest search for this device, its highest concurrency
-        return choose_search(store.list_recommendations(model=model), Criteria(model=model, gpu=device),
-                             latest=True).rec
+    try:  # the rule `peagle-tune serve` selects by: the one search for this device, its highest concurrency
+        return choose_search(store.list_recommendations(model=model), Criteria(model=model, gpu=device)).rec
     except NotFoundError:
         pass
     except UsageError as exc:  # a device no catalog knows and nothing stored under its name
