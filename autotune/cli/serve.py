@@ -373,8 +373,8 @@ def _dry_run_text(launch: Any, tuned: Any, host: str, port: int, extra: tuple[st
         spec = spec.with_(num_speculative_tokens=tuned.static_k)
     by_batch = _per_batch_size(tuned)
     args = serve_args(tuned.recommendation, spec, by_batch)  # the arguments `export --format vllm-args` prints
-    if user_sets(extra, "--max-model-len"):
-        args.pop("max_model_len", None)  # the user's value, after `--`
+    for key in [k for k in args if user_sets(extra, "--" + k.replace("_", "-"))]:
+        del args[key]  # the user's value, after `--`
     plain = serve_command(tuned.model, args, host=host, port=port, memory_fraction=launch.memory_fraction,
                           extra=extra)
     depth = f"static K={tuned.static_k}"
