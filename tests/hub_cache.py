@@ -44,9 +44,10 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".msg
 _TREE_FORMAT_VERSION = 1
 
 
-def repo_folder(repo_id: str) -> str:
-    """huggingface_hub's folder name for a model repo: ``org/name`` -> ``models--org--name``."""
-    return "models--" + repo_id.replace("/", "--")
+def repo_folder(repo_id: str, repo_type: str = "model") -> str:
+    """huggingface_hub's folder name for a repo: ``org/name`` -> ``models--org--name`` (``datasets--`` for a
+    dataset repo)."""
+    return f"{repo_type}s--" + repo_id.replace("/", "--")
 
 
 def _git_blob_sha1(data: bytes) -> str:
@@ -76,6 +77,7 @@ def build_hub_cache(
     *,
     partial: Mapping[str, Collection[str]] | None = None,
     tree_listing: bool = True,
+    repo_type: str = "model",
 ) -> Path:
     """Write a hub cache for `repos` (repo id -> local model directory) under ``<root>/hub``; returns that folder.
 
@@ -83,7 +85,7 @@ def build_hub_cache(
     resolves ``repo_id`` (revision "main" or the commit, see `cached_commit`) to ``snapshots/<commit>/``.
     `partial` maps a repo id to the only files its snapshot gets (e.g. ``{"org/target": ["config.json"]}``); the
     tree listing still names every file, as after an interrupted download. `tree_listing=False` leaves the listing
-    out, as huggingface_hub < 2 did.
+    out, as huggingface_hub < 2 did. `repo_type` "dataset" writes dataset repos (``datasets--org--name``).
     """
     cache = Path(root) / "hub"
     for repo_id, directory in repos.items():
@@ -101,7 +103,7 @@ def build_hub_cache(
             listing[rel] = info
             etags[rel] = etag
         commit = _commit(repo_id, listing)
-        storage = cache / repo_folder(repo_id)
+        storage = cache / repo_folder(repo_id, repo_type)
         keep = set(files) if partial is None or repo_id not in partial else set(partial[repo_id])
         unknown = keep - set(files)
         if unknown:

@@ -131,7 +131,7 @@ def test_show_selects_as_export_does(db_two: str) -> None:
     assert [r["id"] for r in same] == [r["id"] for r in latency]
     text = ok("show", "--db", db_two).stdout
     assert_fits(text)
-    assert "mt-bench, latency-tpot12 (predicted)" in text  # SLO runs are told apart from plain ones
+    assert "sample-chat, latency-tpot12 (predicted)" in text  # SLO runs are told apart from plain ones
 
 
 def test_serve_default_is_the_search_at_its_highest_concurrency(db_one: str) -> None:
@@ -172,7 +172,7 @@ def test_a_recommendation_id_must_agree_with_the_other_options(db_one: str) -> N
 @pytest.mark.parametrize("args,words", [
     (["show", "--model", "gpt-oss-12b"], ["gpt-oss-120b"]),
     (["show", "--model", "gptoss-120b"], ["did you mean gpt-oss-120b?"]),
-    (["export", "--workload", "mtbench"], ["did you mean mt-bench?"]),
+    (["export", "--workload", "samplechat"], ["did you mean sample-chat?"]),
     (["show", "--concurrency", "3"], ["stored concurrencies: 1, 64"]),
     (["serve", "--model", "gpt-oss-120b", "--gpu", "b200", "--dry-run"], ["stored gpus: h200"]),
 ])
@@ -374,9 +374,10 @@ def test_simulate_is_quiet_when_piped(json_flag: list[str]) -> None:
 def test_simulate_defaults_to_searchs_workload() -> None:
     from autotune.cli.search import search
     from autotune.cli.simulate import simulate
-    from autotune.workloads import load_workload
+    from autotune.workloads import resolve_workload
 
     default = {p.name: p.default for p in search.params}["workload"]
     assert {p.name: p.default for p in simulate.params}["workload"] == default
     data = json.loads(ok(*SIMULATE, "--json").stdout)
-    assert set(data["settings"]["class_token_weights"]) == set(load_workload(str(default)).classes)
+    workload, _ = resolve_workload(default, required=False)  # the model backend's default
+    assert set(data["settings"]["class_token_weights"]) == set(workload.classes)

@@ -58,7 +58,7 @@ def test_show_recommendations_at_80_columns(db: str) -> None:
     result = cli("show", "--db", db)
     assert result.exit_code == 0, result.output
     assert_fits(result.stdout)
-    assert "gpt-oss-120b on h200, mt-bench, throughput (predicted)" in result.stdout
+    assert "gpt-oss-120b on h200, sample-chat, throughput (predicted)" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^\d+\s+\d+\s", line)]
     assert [(r[0], r[1]) for r in rows] == [("2", "8"), ("1", "1")]  # id, concurrency; highest concurrency first
     recs = {r["id"]: r for r in json.loads(cli("show", "--json", "--db", db).stdout)["recommendations"]}

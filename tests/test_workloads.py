@@ -1,4 +1,5 @@
-"""Workload loaders: JSONL, ShareGPT JSON, built-ins and hf:<dataset>, with located errors for bad input."""
+"""Workload loaders: JSONL, ShareGPT JSON, samples and hf:<dataset> (from an offline datasets cache built from
+tests/fixtures/datasets), with located errors for bad input; the default workload."""
 
 from __future__ import annotations
 
@@ -6,21 +7,28 @@ import errno
 import json
 import os
 import re
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from datasets_cache import datasets_cache_fixture, fixture_rows  # noqa: F401
+from hub_cache import use_hub_cache
 
 from autotune.catalogs import get_drafter
 from autotune.errors import WorkloadError
 from autotune.workloads import (
+    DATASETS,
+    DEFAULT_MEASURED,
+    DEFAULT_PREDICTED,
     REFERENCE_FOR_CLASS,
+    SAMPLE_ALIASES,
     Workload,
     WorkloadRequest,
+    default_note,
     list_builtin_workloads,
     load_workload,
+    resolve_workload,
+    summary_line,
 )
 from autotune.workloads import _load as load_module
 
@@ -232,23 +240,23 @@ def test_requests_interleave_classes_round_robin() -> None:
 
 
 def test_max_per_class_keeps_the_first_requests_of_each_class() -> None:
-    workload = load_workload("mixed", max_per_class=2)
+    workload = load_workload("sample-mixed", max_per_class=2)
     assert {c: len(r) for c, r in workload.classes.items()} == {"chat": 2, "code": 2, "math": 2}
-    full = load_workload("mixed")
+    full = load_workload("sample-mixed")
     assert workload.classes["code"] == full.classes["code"][:2]
 
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_max_per_class_must_be_positive(bad: int) -> None:
     with pytest.raises(WorkloadError, match="max_per_class must be an integer >= 1"):
-        load_workload("mixed", max_per_class=bad)
+        load_workload("sample-mixed", max_per_class=bad)
 
 
 # ---------------------------------------------------------------- built-ins
 
 
-EXPECTED_BUILTIN_CLASSES = {"mt-bench": ["chat"], "humaneval": ["code"], "gsm8k": ["math"],
-                            "mixed": ["chat", "code", "math"]}
+EXPECTED_BUILTIN_CLASSES = {"sample-chat": ["chat"], "sample-code": ["code"], "sample-math": ["math"],
+                            "sample-mixed": ["chat", "code", "math"]}
 
 
 def test_builtin_names() -> None:
@@ -264,83 +272,119 @@ def test_every_builtin_loads_with_8_to_16_requests_per_class(name: str) -> None:
     assert load_workload(f"builtin:{name}").content_hash() == workload.content_hash()
 
 
+@pytest.mark.parametrize(("old", "new"), sorted(SAMPLE_ALIASES.items()))
+def test_old_sample_names_load_the_sample_and_say_it_is_one(old: str, new: str) -> None:
+    workload = load_workload(old)
+    assert workload.name == new and workload.content_hash() == load_workload(new).content_hash()
+    # The description names it a sample, the benchmark dataset that is not it, and the old name.
+    assert "sample prompts" in workload.description and "not a benchmark dataset" in workload.description
+    assert f"{old} is its old name" in workload.description
+    assert "hf:" in workload.description
+
+
 def test_mixed_is_exactly_the_three_single_class_builtins() -> None:
-    mixed = load_workload("mixed")
-    for single in ("mt-bench", "humaneval", "gsm8k"):
+    mixed = load_workload("sample-mixed")
+    for single in ("sample-chat", "sample-code", "sample-math"):
         part = load_workload(single)
         (cls,) = part.class_names
         assert mixed.classes[cls] == part.classes[cls]
 
 
-def test_builtin_classes_map_to_catalog_reference_benchmarks() -> None:
-    # Built-in names equal the benchmarks the catalog's reference acceptance is keyed by.
-    assert {REFERENCE_FOR_CLASS[c] for c in load_workload("mixed").class_names} == {"mt-bench", "humaneval", "gsm8k"}
+def test_sample_classes_map_to_catalog_reference_benchmarks_and_datasets() -> None:
+    # A class's reference benchmark keys the catalog's acceptance and names the dataset hf:<benchmark> reads.
+    assert {REFERENCE_FOR_CLASS[c] for c in load_workload("sample-mixed").class_names} == set(DATASETS)
     refs = get_drafter("amazon/gpt-oss-120b-p-eagle").reference_acceptance
-    for cls in load_workload("mixed").class_names:
-        assert REFERENCE_FOR_CLASS[cls] in refs and REFERENCE_FOR_CLASS[cls] in list_builtin_workloads()
+    for cls in load_workload("sample-mixed").class_names:
+        assert REFERENCE_FOR_CLASS[cls] in refs
+        assert DATASETS[REFERENCE_FOR_CLASS[cls]].workload_class == cls
 
 
 def test_an_existing_file_wins_over_a_builtin_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _jsonl(tmp_path / "gsm8k", [{"prompt": "mine", "class": "math"}])
+    _jsonl(tmp_path / "sample-math", [{"prompt": "mine", "class": "math"}])
     monkeypatch.chdir(tmp_path)
-    assert len(load_workload("gsm8k")) == 1
-    assert len(load_workload("builtin:gsm8k")) == 12
+    assert len(load_workload("sample-math")) == 1
+    assert len(load_workload("builtin:sample-math")) == 12
 
 
-def test_unknown_spec_lists_the_builtins(tmp_path: Path) -> None:
+def test_unknown_spec_lists_the_samples_and_datasets(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError) as info:
         load_workload(str(tmp_path / "missing.jsonl"))
     assert all(name in str(info.value) for name in list_builtin_workloads())
+    assert all(f"hf:{name}" in str(info.value) for name in DATASETS)
 
 
-# ---------------------------------------------------------------- hf:<dataset>
+# ---------------------------------------------------------------- hf:<dataset> (offline datasets cache)
 
 
-def test_hf_without_datasets_package_explains_the_file_formats(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
-    with pytest.raises(WorkloadError) as info:
-        load_workload("hf:mt-bench")
-    message = str(info.value)
-    assert "could not be reached" in message and "JSONL" in message and "ShareGPT" in message
-    assert '"prompt"' in message and '"conversations"' in message
-
-
-def _fake_datasets(monkeypatch: pytest.MonkeyPatch, rows: list[dict[str, Any]] | Exception) -> list[tuple]:
-    calls: list[tuple] = []
-
-    def load_dataset(dataset_id: str, config: str | None, split: str) -> list[dict[str, Any]]:
-        calls.append((dataset_id, config, split))
-        if isinstance(rows, Exception):
-            raise rows
-        return rows
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    return calls
-
-
-def test_hf_unreachable_hub_is_a_workload_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_datasets(monkeypatch, [])
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(load_module, "_hub_reachable", lambda timeout_s=3.0: False)
-    with pytest.raises(WorkloadError, match="could not be reached.*JSONL.*ShareGPT"):
-        load_workload("hf:humaneval")
-
-
-def test_hf_rows_become_chat_requests_of_the_benchmark_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _fake_datasets(monkeypatch, [{"prompt": ["Turn one", "Turn two"], "category": "writing"},
-                                         {"prompt": "Single"}, {"category": "no text"}])
-    monkeypatch.setattr(load_module, "_hub_reachable", lambda timeout_s=3.0: True)
+def test_hf_mt_bench_reads_the_cached_dataset_with_vllms_loader(datasets_cache: Path) -> None:
     workload = load_workload("hf:mt-bench")
-    assert calls == [("HuggingFaceH4/mt_bench_prompts", None, "train")]
-    assert workload.class_names == ["chat"]
+    rows = fixture_rows("philschmid/mt-bench")
+    # MTBenchDataset (vllm/benchmarks/datasets/datasets.py:3467) replays each row's first turn, in file order.
+    assert workload.class_names == ["chat"] and workload.source == "hf:philschmid/mt-bench"
     assert [r.messages for r in workload.classes["chat"]] == [
-        ({"role": "user", "content": "Turn one"},), ({"role": "user", "content": "Single"},)
+        ({"role": "user", "content": row["turns"][0]},) for row in rows  # type: ignore[index]
+    ]
+    # The published MT-Bench figures were measured with 2048 output tokens (P-EAGLE paper Table 9, vLLM blog).
+    assert {r.max_tokens for r in workload.classes["chat"]} == {2048}
+    assert "MT-Bench (philschmid/mt-bench" in workload.description and "Table 9" in workload.description
+    assert "MTBenchDataset" in workload.description
+
+
+def test_hf_options_and_repo_id_spelling(datasets_cache: Path) -> None:
+    workload = load_workload("hf:philschmid/mt-bench,prompts=2,output-len=8")
+    assert workload.name == "hf:mt-bench,prompts=2,output-len=8"
+    assert len(workload) == 2 and {r.max_tokens for _, r in workload.requests()} == {8}
+    assert "2 of its 4 rows" in workload.description and "from output-len" in workload.description
+    summary = workload.summary()
+    assert summary["prompts"] == 2 and summary["output_tokens"] == {"min": 8, "max": 8}
+    line = summary_line(summary)
+    assert line.startswith("Workload: hf:mt-bench,prompts=2,output-len=8: MT-Bench") and "output 8 tokens" in line
+
+
+@pytest.mark.parametrize(("spec", "repo", "field", "cls"), [
+    ("hf:humaneval", "openai/openai_humaneval", "prompt", "code"),  # HumanEvalDataset (datasets.py:3529)
+    ("hf:gsm8k", "openai/gsm8k", "question", "math"),  # GSM8KDataset (datasets.py:3589)
+])
+def test_hf_parquet_datasets(datasets_cache: Path, spec: str, repo: str, field: str, cls: str) -> None:
+    workload = load_workload(spec)
+    assert workload.class_names == [cls]
+    assert [r.messages[0]["content"] for r in workload.classes[cls]] == [  # type: ignore[index]
+        row[field] for row in fixture_rows(repo)
     ]
 
 
-def test_hf_load_failure_is_a_workload_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_datasets(monkeypatch, ConnectionError("offline"))
-    monkeypatch.setattr(load_module, "_hub_reachable", lambda timeout_s=3.0: True)
-    with pytest.raises(WorkloadError, match=r"could not load org/data .*ConnectionError: offline.*JSONL"):
-        load_workload("hf:org/data")
+def test_hf_not_cached_offline_is_one_line_naming_the_fetch_and_the_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_hub_cache(monkeypatch, tmp_path / "empty")
+    with pytest.raises(WorkloadError) as info:
+        load_workload("hf:mt-bench")
+    message = str(info.value)
+    assert "\n" not in message and "philschmid/mt-bench is not in the Hugging Face cache" in message
+    assert "hf download philschmid/mt-bench --repo-type dataset" in message and "--workload sample-chat" in message
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("hf:mt-bnch", "did you mean mt-bench?"),
+    ("hf:mt-bench,prompt=3", "'prompt=3' is not an option"),
+    ("hf:mt-bench,prompts=0", "'prompts=0' is not an option"),
+])
+def test_hf_bad_spec_is_a_workload_error(spec: str, expected: str) -> None:
+    with pytest.raises(WorkloadError, match=re.escape(expected)):
+        load_workload(spec)
+
+
+def test_the_default_is_the_dataset_when_cached(datasets_cache: Path) -> None:
+    workload, stood_in = resolve_workload(None, required=True)
+    assert workload.name == DEFAULT_MEASURED == "hf:mt-bench" and stood_in is None
+
+
+def test_the_default_without_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_hub_cache(monkeypatch, tmp_path / "empty")
+    # Asked for the vllm backend by name: one line saying how to fetch it or which sample to pass.
+    with pytest.raises(WorkloadError, match=r"^The default workload hf:mt-bench: .*--workload sample-chat"):
+        resolve_workload(None, required=True)
+    # Otherwise the samples stand in, and the note says so in the backend's words.
+    workload, stood_in = resolve_workload(None, required=False)
+    assert workload.name == DEFAULT_PREDICTED == "sample-chat" and stood_in is not None
+    assert default_note(stood_in, True).startswith("Measuring on sample-chat (12 sample prompts), not the default")
+    assert default_note(stood_in, False).startswith("Predicting with the published MT-Bench acceptance")

@@ -41,8 +41,11 @@ if TYPE_CHECKING:
               help="GPU to predict for: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, or the name nvidia-smi "
               "prints (\"NVIDIA H100 PCIe\"). Default: h200.")
 @click.option(
-    "--workload", default="mt-bench", show_default=True, callback=name_callback("--workload"),
-    help="Built-in workload name or a .jsonl/.json file.",
+    "--workload", default=None, callback=name_callback("--workload"),
+    help="hf:mt-bench, hf:humaneval or hf:gsm8k (the dataset vllm bench serve reads, from the Hugging Face cache; "
+    "add ,prompts=N,output-len=M), a sample (sample-chat, sample-code, sample-math, sample-mixed: 12 prompts a "
+    "class) or a .jsonl/.json file. Default: hf:mt-bench where vLLM measures; the model backend predicts for "
+    "sample-chat's lengths unless hf:mt-bench is cached.",
 )
 @click.option("--concurrency", type=numbers("--concurrency"), default="1,8,64", show_default=True,
               help="Comma-separated concurrencies to tune for.")
@@ -126,7 +129,7 @@ if TYPE_CHECKING:
 def search(
     model: str,
     gpu: str | None,
-    workload: str,
+    workload: str | None,
     concurrency: list[int],
     objective: str,
     slo_tpot_p99: float | None,
@@ -484,6 +487,7 @@ def run_dict(run: SearchRun) -> dict[str, Any]:
     return {
         "model": run.model,
         "workload": run.workload,
+        "workload_detail": run.workload_detail,
         "device": run.device,
         "backend": run.backend,
         "objective": run.objective.to_dict(),

@@ -25,9 +25,10 @@ _CONFIG_COL = 30
 @click.option("--drafter", default=None, callback=name_callback("--drafter"),
               help="Drafter (default: the model's P-EAGLE head with published acceptance).")
 @click.option("--max-k", type=number("--max-k"), default=None, help="The drafter's K (default: its trained K, else 8).")
-@click.option("--workload", default="mt-bench", show_default=True,
-              help="Built-in workload name or a .jsonl/.json file (the default is search's; `mixed` shifts between "
-              "chat, code and math).")
+@click.option("--workload", default=None,
+              help="hf:mt-bench (or hf:humaneval, hf:gsm8k), a sample (sample-chat, ...; `sample-mixed` shifts "
+              "between chat, code and math) or a .jsonl/.json file. Default: search's on the model backend "
+              "(hf:mt-bench where cached, else sample-chat).")
 @click.option("--classes", default=None, help="Comma-separated classes of the workload, in phase order (default: all).")
 @click.option(
     "--shape",
@@ -78,7 +79,7 @@ def simulate(
     gpu: str | None,
     drafter: str | None,
     max_k: int | None,
-    workload: str,
+    workload: str | None,
     classes: str | None,
     shape: str,
     concurrency: list[int],
@@ -110,7 +111,7 @@ def simulate(
     Example:
 
     \b
-        peagle-tune simulate --model gpt-oss-120b --gpu h200 --workload mixed --classes chat,code
+        peagle-tune simulate --model gpt-oss-120b --gpu h200 --workload sample-mixed --classes chat,code
         peagle-tune simulate --model gpt-oss-120b --gpu b200 --concurrency 64 --json
         peagle-tune simulate --profile 3 --workload fixture.jsonl --traces stats.json --autocorrelation auto
         peagle-tune show --simulations && peagle-tune report --out report/
@@ -129,7 +130,7 @@ def simulate(
         predict,
         profile_setup,
     )
-    from autotune.workloads import load_workload
+    from autotune.workloads import resolve_workload
     from policies import load_policy
 
     shapes: list[WorkloadShape] = [s for s in SHAPES if s in {x.strip() for x in shape.split(",")}]
@@ -140,7 +141,7 @@ def simulate(
         raise UsageError("simulate needs --model (with --gpu) or --profile ID.")
     if profile_id is not None and (model is not None or gpu is not None):
         raise UsageError("--profile takes the model and device from the stored profile; drop --model/--gpu.")
-    wl = load_workload(workload)
+    wl, _stood_in = resolve_workload(workload, required=False)
     class_list = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
     per_phase = requests_per_phase or max(48, 4 * max(concurrencies, default=12))
     workloads: dict[str, list[Phase]] = {

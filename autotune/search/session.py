@@ -31,6 +31,7 @@ from autotune.search.machine import (
     launch_estimate,
     resolve_drafters,
     resolve_target,
+    token_counter,
     workload_max_model_len,
 )
 from autotune.search.objective import Objective
@@ -60,7 +61,8 @@ class SearchOptions:
 
     model: str
     gpu: str | None = None
-    workload: str = "mt-bench"
+    workload: str | None = None
+    """A workload spec (`autotune.workloads.load_workload`); None: the default (`resolve_workload`)."""
     concurrencies: list[int] = field(default_factory=lambda: [1, 8, 64])
     objective: str = "throughput"
     slo_tpot_p99_ms: float | None = None
@@ -107,6 +109,8 @@ class SearchRun:
     """Each measurement launched an engine (`Capabilities.launches_engines`): launch counts mean something."""
     planned_launches: dict[str, int] | None = None
     """In-launch measurement: the engine launches the plan counted, at most (`SearchPlan.planned_launches`)."""
+    workload_detail: dict[str, Any] | None = None
+    """`SearchPlan.workload_detail`."""
 
     @property
     def infeasible(self) -> list[ScenarioResult]:
@@ -134,6 +138,9 @@ class SearchPlan:
     """In-launch measurement: the engine launches planned, at most: ``in_launch`` (one per drafter and drafting
     mode, and one without speculation), ``confirmation`` (one per concurrency), ``confirmation_graphs`` (what FULL
     CUDA graphs add: `autotune.search.confirm`), ``own`` (configs outside a drafter's launch), ``total``."""
+    workload_detail: dict[str, Any] | None = None
+    """The workload as every output names it (`autotune.workloads.Workload.summary`): dataset, prompts, input and
+    output lengths in tokens."""
 
     def run(self, run_scenario: ScenarioRunner | None = None) -> SearchRun:
         """Download what the engines need (unless --no-download), then search every scenario in order and store
@@ -148,7 +155,7 @@ class SearchPlan:
             results.append(result)
         return SearchRun(results, self.model, self.workload.name, self.device, self.backend.name, self.objective,
                          self.strategy.name, self.notes, self.backend.capabilities.launches_engines,
-                         self.planned_launches)
+                         self.planned_launches, workload_detail=self.workload_detail)
 
 
 def _comparable(value: Any) -> Any:
@@ -427,7 +434,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     """Resolve `options` into one search per concurrency. Raises UsageError (and BackendUnavailableError) before
     anything is measured."""
     from autotune.environment import detect_gpus
-    from autotune.workloads import load_workload
+    from autotune.workloads import default_note, resolve_workload, summary_line
 
     objective = Objective(options.objective, options.slo_tpot_p99_ms, options.slo_ttft_p99_ms)
     if options.strategy != "auto":
@@ -438,7 +445,8 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     has_vllm = vllm_available()
     measuring = options.backend != "model" and has_vllm
     spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
-    workload = load_workload(options.workload)
+    workload, stood_in = resolve_workload(options.workload, required=options.backend == "vllm",
+                                          download=not options.no_download)
     notes: list[str] = []
     found, memory, max_model_len, counted = None, None, None, False
     gpus = detect_gpus() if measuring else []  # NVML, read once for the flag check, the fit and the device line
@@ -510,6 +518,9 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
             "qualifies."
         )
     notes.insert(0, f"Backend: {kind} ({why}).")
+    # What the figures are of: the dataset, its prompts and lengths (counted with the target's tokenizer if measured).
+    workload_detail = workload.summary(token_counter(found.target.local_dir) if kind == "vllm" and found else None)
+    notes[1:1] = [summary_line(workload_detail)] + ([default_note(stood_in, kind == "vllm")] if stood_in else [])
     notes.append(f"Objective: {objective.describe()}; strategy: {strategy.name}.")
     storages: dict[str, Any] = {}  # opened once for every concurrency's search
     searches = [
@@ -526,7 +537,8 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         for scenario, space in zip(scenarios, spaces, strict=True)
     ]
     return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
-                      searches, found if kind == "vllm" else None, options.no_download, planned)
+                      searches, found if kind == "vllm" else None, options.no_download, planned,
+                      workload_detail=workload_detail)
 
 
 def run_search(store: Store, options: SearchOptions, run_scenario: ScenarioRunner | None = None) -> SearchRun:

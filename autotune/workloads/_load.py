@@ -1,21 +1,14 @@
-"""`load_workload`: a workload from a built-in name, a JSONL or ShareGPT file, or ``hf:<dataset>``."""
+"""`load_workload`: a workload from a sample name, a JSONL or ShareGPT file, or ``hf:<dataset>``; the default."""
 
 from __future__ import annotations
 
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import WorkloadError
 from autotune.names import did_you_mean
-from autotune.workloads._parse import (
-    DEFAULT_CLASS,
-    JSONL_EXPECTED,
-    SHAREGPT_EXPECTED,
-    parse_jsonl,
-    parse_sharegpt,
-)
+from autotune.workloads._parse import parse_jsonl, parse_sharegpt
 from autotune.workloads._workload import Workload, WorkloadRequest
 from policies import BUILTIN_CLASSES, MAX_CLASSES, read_bytes
 
@@ -34,21 +27,20 @@ MAX_WORKLOAD_BYTES = 1024 * 1024 * 1024
 #: (`DrafterSpec.reference_acceptance` keys).
 REFERENCE_FOR_CLASS: dict[str, str] = {"chat": "mt-bench", "code": "humaneval", "math": "gsm8k"}
 
-#: Short names for ``hf:<name>``: dataset id, split, config, workload class.
-HF_DATASETS: dict[str, tuple[str, str, str | None, str]] = {
-    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", "train", None, "chat"),
-    "humaneval": ("openai/openai_humaneval", "test", None, "code"),
-    "gsm8k": ("openai/gsm8k", "test", "main", "math"),
-}
-_HF_TEXT_FIELDS = ("turns", "prompt", "question", "instruction", "input", "text")
-_FORMATS_HINT = (
-    f"use a local file instead: JSONL ({JSONL_EXPECTED.removeprefix('expected ')}) or ShareGPT JSON "
-    f"({SHAREGPT_EXPECTED.removeprefix('expected ')})"
-)
+#: Old names of the built-in samples, still accepted: they are 12 invented prompts a class, not the benchmarks
+#: (``hf:mt-bench`` and the others are, `autotune.workloads._datasets`).
+SAMPLE_ALIASES: dict[str, str] = {"mt-bench": "sample-chat", "humaneval": "sample-code", "gsm8k": "sample-math",
+                                  "mixed": "sample-mixed"}
+#: The workload `search` and `profile` measure on with the vllm backend when --workload is not given.
+DEFAULT_MEASURED = "hf:mt-bench"
+#: The workload the model backend predicts for when --workload is not given (its requests' lengths; acceptance is the
+#: published figure of the class's benchmark, `REFERENCE_FOR_CLASS`).
+DEFAULT_PREDICTED = "sample-chat"
 
 
 def list_builtin_workloads() -> list[str]:
-    """Names of the workloads shipped with peagle-tune (autotune/workloads/builtin/*.jsonl), sorted."""
+    """Names of the sample workloads shipped with peagle-tune (autotune/workloads/builtin/*.jsonl: ``sample-chat``,
+    ``sample-code``, ``sample-math``, ``sample-mixed``), sorted; `SAMPLE_ALIASES` are their old names."""
     folder = resources.files("autotune.workloads").joinpath("builtin")
     return sorted(p.name.removesuffix(".jsonl") for p in folder.iterdir() if p.name.endswith(".jsonl"))
 
@@ -90,7 +82,11 @@ def _load_file(path: Path) -> Workload:
 
 def _load_builtin(name: str) -> Workload:
     text = resources.files("autotune.workloads").joinpath("builtin", f"{name}.jsonl").read_text(encoding="utf-8")
-    return _build(name, f"builtin:{name}", parse_jsonl(text, f"builtin/{name}.jsonl"))
+    workload = _build(name, f"builtin:{name}", parse_jsonl(text, f"builtin/{name}.jsonl"))
+    classes = ", ".join(f"{len(r)} {c}" for c, r in sorted(workload.classes.items()))
+    benchmarks = ", ".join(f"hf:{REFERENCE_FOR_CLASS[c]}" for c in workload.class_names if c in REFERENCE_FOR_CLASS)
+    description = f"sample prompts written for peagle-tune ({classes}), not a benchmark dataset (those: {benchmarks})"
+    return Workload(workload.name, workload.classes, workload.source, description)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -110,62 +106,25 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     return True
 
 
-def _hf_text(row: dict[str, Any]) -> str | None:
-    for key in _HF_TEXT_FIELDS:
-        value = row.get(key)
-        if isinstance(value, list) and value and isinstance(value[0], str):
-            value = value[0]  # Multi-turn benchmarks (MT-Bench): replay the first turn.
-        if isinstance(value, str) and value.strip():
-            return value
-    return None
+def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = None,
+                  download: bool = True) -> Workload:
+    """A workload from a sample name, a JSONL or ShareGPT JSON file, or ``hf:<dataset>``.
 
-
-def _load_hf(dataset: str) -> Workload:
-    """Load ``hf:<dataset>`` with the `datasets` package (short names in `HF_DATASETS`, else a dataset id)."""
-    dataset_id, split, config, cls = HF_DATASETS.get(dataset.lower(), (dataset, "test", None, DEFAULT_CLASS))
-    try:
-        import datasets
-    except ImportError as exc:
-        raise WorkloadError(
-            f"hf:{dataset}: the Hugging Face hub could not be reached (the `datasets` package is not installed; "
-            f"`pip install datasets` needs hub access to download {dataset_id}); {_FORMATS_HINT}"
-        ) from exc
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if not offline and not _hub_reachable():
-        raise WorkloadError(f"hf:{dataset}: the Hugging Face hub could not be reached to download {dataset_id}; "
-                            f"{_FORMATS_HINT}")
-    try:
-        rows = datasets.load_dataset(dataset_id, config, split=split)
-    except Exception as exc:  # any hub, cache or format failure means the same to the user
-        raise WorkloadError(
-            f"hf:{dataset}: could not load {dataset_id} (split {split}) from the Hugging Face hub or its cache "
-            f"({type(exc).__name__}: {exc}); {_FORMATS_HINT}"
-        ) from exc
-    pairs = []
-    for row in rows:
-        text = _hf_text(dict(row))
-        if text is not None:
-            pairs.append((cls, WorkloadRequest(messages=({"role": "user", "content": text},))))
-    if not pairs:
-        raise WorkloadError(
-            f"hf:{dataset}: no row of {dataset_id} has a text field ({', '.join(_HF_TEXT_FIELDS)}); {_FORMATS_HINT}"
-        )
-    return _build(dataset, f"hf:{dataset_id}:{split}", pairs)
-
-
-def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = None) -> Workload:
-    """A workload from a built-in name, a JSONL or ShareGPT JSON file, or ``hf:<dataset>``.
-
-    - built-ins: `list_builtin_workloads()` ("mt-bench", "humaneval", "gsm8k", "mixed"), also as ``builtin:<name>``;
+    - samples: `list_builtin_workloads()` (sample-chat, sample-code, sample-math, sample-mixed: 12 invented prompts a
+      class), also as ``builtin:<name>`` and by their old names (`SAMPLE_ALIASES`: mt-bench, ...);
     - ``*.jsonl``: one record per line, {"prompt": str} or {"messages": [{"role", "content"}]}, with optional
       "class" (default "default"), "max_tokens" (1 to 10,000,000), "temperature" (>= 0);
     - ``*.json``: a ShareGPT list; each conversation's first human turn (after any system turns) becomes one chat
       request of class "sharegpt";
-    - ``hf:<dataset>``: a Hugging Face dataset (needs the `datasets` package and hub access).
+    - ``hf:<dataset>[,prompts=N][,output-len=M]``: a benchmark dataset as `vllm bench serve` reads it
+      (`autotune.workloads._datasets.DATASETS`: hf:mt-bench, hf:humaneval, hf:gsm8k, or their repo ids), from the
+      Hugging Face cache, downloaded first when `download` and the hub is not offline.
 
-    An existing file wins over a built-in of the same name. `max_per_class` keeps the first N requests of each
+    An existing file wins over a sample of the same name. `max_per_class` keeps the first N requests of each
     class. Malformed input raises WorkloadError ``<file>:<line>: <what is wrong>; expected ...``.
     """
+    from autotune.workloads._datasets import DATASETS, load_dataset_workload
+
     if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
         raise WorkloadError(f"max_per_class must be an integer >= 1 (or None for all), but got {max_per_class!r}.")
     text = os.fspath(spec)
@@ -173,16 +132,49 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
     builtins = list_builtin_workloads()
     name = text.removeprefix("builtin:")
     if text.startswith("hf:"):
-        workload = _load_hf(text.removeprefix("hf:"))
+        workload = load_dataset_workload(text.removeprefix("hf:"), download=download)
     elif path.is_file():
         workload = _load_file(path)
     elif name in builtins:
         workload = _load_builtin(name)
+    elif name in SAMPLE_ALIASES:
+        sample = _load_builtin(SAMPLE_ALIASES[name])
+        workload = Workload(sample.name, sample.classes, sample.source,
+                            f"{sample.description}; {name} is its old name")
     elif path.exists():
         raise WorkloadError(f"{path}: is not a regular file; expected a JSONL or ShareGPT JSON file")
     else:
+        datasets = [f"hf:{d}" for d in DATASETS]
+        near = did_you_mean(name, builtins + datasets + list(SAMPLE_ALIASES))
         raise WorkloadError(
-            f"no workload {text!r}: {did_you_mean(name, builtins)}it is not a built-in ({', '.join(builtins)}), not "
-            "an existing file and not hf:<dataset>; give a built-in name, a .jsonl/.json path or hf:<dataset>."
+            f"no workload {text!r}: {near}it is not a dataset "
+            f"({', '.join(datasets)}), a sample ({', '.join(builtins)}) or an existing .jsonl/.json file."
         )
     return workload.subset(max_per_class) if max_per_class is not None else workload
+
+
+def resolve_workload(spec: str | None, *, required: bool, download: bool = True) -> tuple[Workload, str | None]:
+    """The workload `spec` names, or the default when None; and why the default dataset stood aside (else None).
+
+    The default is the benchmark dataset (`DEFAULT_MEASURED`). `required` (the vllm backend asked for by name)
+    fetches it when missing and refuses in one line when it cannot be had; otherwise only a cached copy is read, and
+    the samples (`DEFAULT_PREDICTED`) stand in: `default_note` says so in the words of the backend chosen.
+    """
+    if spec is not None:
+        return load_workload(spec, download=download), None
+    try:
+        return load_workload(DEFAULT_MEASURED, download=download and required), None
+    except WorkloadError as exc:
+        if required:
+            raise WorkloadError(f"The default workload {exc}") from exc
+        reason = str(exc).removeprefix(f"{DEFAULT_MEASURED}: ").split(";")[0]
+    return load_workload(DEFAULT_PREDICTED), reason
+
+
+def default_note(reason: str, measured: bool) -> str:
+    """What stood in for the default dataset (`resolve_workload`'s reason) and what the figures then rest on."""
+    if measured:
+        return (f"Measuring on {DEFAULT_PREDICTED} (12 sample prompts), not the default {DEFAULT_MEASURED}: "
+                f"{reason}; fetch it (`hf download philschmid/mt-bench --repo-type dataset`) or pass --workload hf:...")
+    return (f"Predicting with the published MT-Bench acceptance and the lengths of {DEFAULT_PREDICTED} (12 sample "
+            f"prompts): {reason}.")

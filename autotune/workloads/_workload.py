@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,8 @@ class Workload:
     classes: dict[str, tuple[WorkloadRequest, ...]] = field(default_factory=dict)
     source: str = ""
     """Where it came from (builtin name, file path, dataset id)."""
+    description: str = ""
+    """What it is, for people: the dataset and its loader, or that it is a sample (empty for a user's file)."""
 
     @property
     def class_names(self) -> list[str]:
@@ -76,4 +80,37 @@ class Workload:
 
     def subset(self, per_class: int) -> Workload:
         """The first `per_class` requests of every class."""
-        return Workload(self.name, {c: r[:per_class] for c, r in self.classes.items()}, self.source)
+        return Workload(self.name, {c: r[:per_class] for c, r in self.classes.items()}, self.source,
+                        self.description)
+
+    def summary(self, count_tokens: Callable[[str], int] | None = None) -> dict[str, Any]:
+        """What every output names: the workload, its dataset, the prompts used and their input and output lengths
+        in tokens. Inputs are counted by `count_tokens` (the target's tokenizer) when given, else estimated at
+        `autotune.fit.CHARS_PER_TOKEN` characters a token; a chat request adds `autotune.fit.CHAT_TEMPLATE_TOKENS`
+        (what `autotune.fit.max_model_len_of` counts)."""
+        from autotune.fit import CHARS_PER_TOKEN, CHAT_TEMPLATE_TOKENS
+
+        count = count_tokens or (lambda text: math.ceil(len(text) / CHARS_PER_TOKEN))
+        requests = [r for _, r in self.requests()]
+        inputs = [count(r.text()) + (CHAT_TEMPLATE_TOKENS if r.is_chat else 0) for r in requests] or [0]
+        outputs = [r.max_tokens for r in requests] or [0]
+        return {
+            "name": self.name, "source": self.source, "description": self.description, "prompts": len(requests),
+            "classes": {c: len(self.classes[c]) for c in self.class_names},
+            "input_tokens": {"min": min(inputs), "mean": round(sum(inputs) / len(inputs)), "max": max(inputs),
+                             "how": ("counted with the target's tokenizer" if count_tokens else
+                                     f"estimated at {CHARS_PER_TOKEN} characters a token")
+                             + (f", {CHAT_TEMPLATE_TOKENS} added for the chat template" if any(
+                                 r.is_chat for r in requests) else "")},
+            "output_tokens": {"min": min(outputs), "max": max(outputs)},
+        }
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """`Workload.summary` in one sentence: ``Workload: <name>: <what>; N prompts, input a-b tokens (mean m, how),
+    output o tokens.``"""
+    inputs, outputs = summary["input_tokens"], summary["output_tokens"]
+    out = f"{outputs['min']}" if outputs["min"] == outputs["max"] else f"{outputs['min']}-{outputs['max']}"
+    what = summary["description"] or summary["source"]
+    return (f"Workload: {summary['name']}: {what}; {summary['prompts']} prompts, input {inputs['min']}-"
+            f"{inputs['max']} tokens (mean {inputs['mean']}, {inputs['how']}), output {out} tokens.")
