@@ -1,7 +1,9 @@
-"""The observability and deployment files in examples/deploy/ (issue 42 items 4, 5): the Grafana dashboard and the
-Prometheus rules query only series a running `peagle-tune serve` exports, with labels those series carry; the
-metrics page documents every series; the Dockerfile and the Kubernetes example name the tested vLLM version and
-their `peagle-tune serve` arguments parse, bind 0.0.0.0 and mount the database and the HF cache.
+"""Every example in examples/ runs (issue 42 items 4, 5, 7): the library script searches (model backend) and reads
+the store; the user catalog, the policy file and the workload work where the CLI takes them; the Grafana dashboard
+and the Prometheus rules query only series a running `peagle-tune serve` exports, with labels those series carry,
+and docs/observability.md documents every series; the Dockerfile and the Kubernetes example name the tested vLLM
+version, and their `peagle-tune serve` arguments parse, bind 0.0.0.0, mount the database and the HF cache, and
+serve what the library script stored (--dry-run).
 
 The exported set is derived from the code, not a list: a subprocess drives `policies.plugin.metrics.PluginMetrics`
 with ``PROMETHEUS_MULTIPROC_DIR`` set, as serve launches vLLM (`autotune.serving._launch`), and reads the series
@@ -31,7 +33,8 @@ from autotune.doctor import PLUGIN_VLLM
 from policies.plugin.metrics import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPLOY = ROOT / "examples" / "deploy"
+EXAMPLES = ROOT / "examples"
+DEPLOY = EXAMPLES / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "peagle_tune.json"
 RULES = DEPLOY / "prometheus" / "peagle_tune_rules.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -263,3 +266,111 @@ def test_container_and_cluster_arguments_parse_and_bind_all_interfaces() -> None
 def _pod_labels(objects: dict[str, dict[str, Any]]) -> dict[str, str]:
     labels: dict[str, str] = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
     return labels
+
+
+# ------------------------------------------------------------------------------ the library script, workload, policy
+@pytest.fixture(scope="module")
+def example_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """Run examples/search_from_python.py as a user would (its defaults: gpt-oss-120b on an H200, the team-assistant
+    workload, concurrency 1 and 64): (its output, the database it wrote)."""
+    db = tmp_path_factory.mktemp("example") / "peagle.db"
+    done = subprocess.run([sys.executable, str(EXAMPLES / "search_from_python.py"), "--db", str(db)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, db
+
+
+def test_library_example_searches_with_the_model_backend_and_reads_the_store(example_db: tuple[str, Path]) -> None:
+    from store import Store
+
+    out, db = example_db
+    assert "every figure is PREDICTED" in " ".join(out.split())
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    store = Store(str(db))
+    try:
+        recs = store.list_recommendations()
+    finally:
+        store.close()
+    assert sorted(r.scenario["concurrency"] for r in recs) == [1, 64]
+    for rec in recs:
+        assert (rec.provenance["kind"], rec.provenance["backend"], rec.workload_name) == (
+            "predicted", "model", "team-assistant")
+        # What it printed is what is stored.
+        config = rec.best_config
+        assert (f"#{rec.id} concurrency {rec.scenario['concurrency']}: K={config['num_speculative_tokens']}, "
+                f"max_num_seqs {config['max_num_seqs']}, drafter\n    {config['drafter']}\n") in out
+
+
+def test_workload_example_is_tuned_per_class(example_db: tuple[str, Path]) -> None:
+    from autotune.workloads import load_workload
+    from store import Store
+
+    workload = load_workload(str(EXAMPLES / "workloads" / "team-assistant.jsonl"))
+    assert {name: len(requests) for name, requests in workload.classes.items()} == {"chat": 4, "code": 4, "math": 4}
+    store = Store(str(example_db[1]))
+    try:
+        recs = store.list_recommendations()
+    finally:
+        store.close()
+    assert all(set(rec.class_policy) == {"chat", "code", "math"} for rec in recs)  # a depth cap per class
+
+
+def _cli(args: list[str]) -> Any:
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, (args, result.output)
+    return result
+
+
+def test_policy_example_classifies_and_reaches_the_engine(example_db: tuple[str, Path]) -> None:
+    from policies import load_policy
+
+    policy = load_policy(EXAMPLES / "policy.yaml")
+    assert policy.assign("gpt-oss-120b-batch") == "batch-jobs" and policy.limits("batch-jobs") == (0, 0)
+    assert policy.limits(policy.assign(None, "def merge(a, b):\n    return a + b")) == (2, 6)  # code: floor 2
+    assert policy.classify({"peagle_class": "code"}) == "chat"  # clients may name chat and math only
+    result = _cli(["serve", "--model", "gpt-oss-120b", "--db", str(example_db[1]), "--policy",
+                   str(EXAMPLES / "policy.yaml"), "--dry-run", "--verbose"])
+    text = result.stdout
+    plugin, _ = json.JSONDecoder().raw_decode(text, text.index("{", text.index("# plugin config")))
+    assert plugin["static_depth"] == 3
+    assert plugin["class_depths"] == {"code": 6, "math": 6, "chat": 4, "batch-jobs": 0}
+
+
+@pytest.fixture
+def no_user_catalogs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from autotune.catalogs import CATALOG_ENV_VAR, clear_catalogs
+
+    monkeypatch.delenv(CATALOG_ENV_VAR, raising=False)
+    clear_catalogs()
+    yield
+    clear_catalogs()
+
+
+def test_catalog_example_adds_a_gpu_to_predict_for_and_a_drafter_to_measure(
+    tmp_path: Path, no_user_catalogs: None
+) -> None:
+    catalog = str(EXAMPLES / "catalog.yaml")
+    listed = json.loads(_cli(["--catalog", catalog, "list", "drafters", "--model", "gpt-oss-20b", "--json"]).stdout)
+    (mine,) = [d for d in listed["drafters"] if d["id"] == "myorg/gpt-oss-20b-p-eagle-2l"]
+    assert (mine["layers"], mine["parallel_drafting"], mine["published_acceptance"]) == (2, True, [])
+    result = _cli(["search", "--model", "gpt-oss-20b", "--gpu", "rtx-6000-ada", "--backend", "model", "--catalog",
+                   catalog, "--concurrency", "8", "--trials", "10", "--db", str(tmp_path / "p.db"), "--json"])
+    run = json.loads(result.stdout)
+    assert run["device"] == "NVIDIA RTX 6000 Ada Generation"  # predicted for the user's GPU
+    # The user's drafter has no published acceptance: measured, never predicted, and said so.
+    assert any(note.startswith("Skipped ") and "myorg/gpt-oss-20b-p-eagle-2l" in note for note in run["notes"])
+
+
+def test_container_arguments_serve_what_the_library_example_stored(example_db: tuple[str, Path]) -> None:
+    db = str(example_db[1])
+    argv, _ = _dockerfile_argv()
+    container = _kubernetes()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    k8s = container["command"] + container["args"]
+    k8s[k8s.index("--db") + 1] = db  # the volume's database, here the example's
+    for args in (argv[1:] + ["--db", db], k8s[1:]):
+        out = _cli([*args, "--dry-run"]).stdout
+        assert "vllm serve openai/gpt-oss-120b --host 0.0.0.0 --port 8000 " in out
