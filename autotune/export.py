@@ -173,7 +173,8 @@ def fit_args(recommendation: Mapping[str, Any], config: SpecConfig | None = None
     if str(recommendation.get("gpu") or "cpu").lower() != "cpu":
         stored = (recommendation.get("metrics") or {}).get("gpu_memory_utilization")
         valid = isinstance(stored, int | float) and not isinstance(stored, bool) and 0 < stored <= 1
-        args["gpu_memory_utilization"] = float(stored) if valid else DEFAULT_GPU_MEMORY_UTILIZATION
+        args["gpu_memory_utilization"] = float(stored) if valid and stored is not None else (
+            DEFAULT_GPU_MEMORY_UTILIZATION)
     return args
 
 

@@ -297,10 +297,11 @@ def test_llm_kwargs_serve_flags_and_exports_say_the_same(tmp_path: Path) -> None
         "speculative-config": {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": 3},
     }
     rec = {"model": "m", "best_config": config.to_dict()}
-    # `export --format vllm-args` is exactly the export options as flags.
+    # `export --format vllm-args` is exactly the export options as flags, and the tensor-parallel size the fit check
+    # assumed (a recommendation without a GPU: no --gpu-memory-utilization).
     assert shlex.split(render("vllm-args", rec)[0]) == [
         "vllm", "serve", "m", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
-        "--speculative-config", json.dumps(exported["speculative-config"]),
+        "--speculative-config", json.dumps(exported["speculative-config"]), "--tensor-parallel-size", "1",
     ]
 
 

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "the best config per concurrency."),
     "show": ("autotune.cli.show", "show", "Show stored recommendations, studies, trials and profiles."),
     "export": ("autotune.cli.export", "export", "Export a recommendation in a form vLLM takes."),
+    "bench": ("autotune.cli.bench", "bench",
+              "Measure a recommendation served as it will be, with vLLM's own `vllm bench serve`."),
     "db": ("autotune.cli.db", "db", "Database maintenance."),
     "report": ("autotune.cli.report", "report",
                "Write PNG plots and an HTML page explaining the stored tuning results."),

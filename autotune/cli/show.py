@@ -28,6 +28,9 @@ from autotune.selection import Criteria
 @click.option("--simulations", is_flag=True, help="List stored simulations (peagle-tune simulate; predicted).")
 @click.option("--simulation", "simulation_study", default=None, metavar="STUDY",
               help="Show one stored simulation's tables, as `peagle-tune simulate` printed them.")
+@click.option("--compare", "compare_ids", nargs=2, default=None, metavar="ID ID",
+              help="Two recommendations (ids, or study names: the study's recommendation) side by side: config and "
+                   "figures, searched, predicted and benchmarked, with what differs.")
 @click.option("--model", default=None, help="Only this model.")
 @selection_options
 @click.option("--wide", is_flag=True, help="Full ids, GPU names and failure reasons (tables wider than 80 columns).")
@@ -41,6 +44,7 @@ def show(
     studies: bool,
     simulations: bool,
     simulation_study: str | None,
+    compare_ids: tuple[str, str] | None,
     model: str | None,
     rec_id: int | None,
     concurrency: int | None,
@@ -64,6 +68,7 @@ def show(
       peagle-tune show --trials STUDY --json
       peagle-tune show --profiles --wide
       peagle-tune show --simulations
+      peagle-tune show --compare 3 7
     """
     from autotune import selection
     from autotune.cli import _tables
@@ -74,7 +79,9 @@ def show(
     if model:
         model = canonical_model(model)
     payload: dict[str, Any] = {}
-    if trials_study:
+    if compare_ids:
+        payload["compare"] = _compared(store, compare_ids)
+    elif trials_study:
         trials_study = _study_named(store, trials_study)
         payload["trials"] = [t.to_dict() for t in store.list_trials(study=trials_study)]
         if not payload["trials"]:
@@ -111,7 +118,7 @@ def show(
             chosen = [e.rec for e in selection.matching(store.list_recommendations(), criteria)]
         else:
             chosen = store.list_recommendations()
-        payload["recommendations"] = [r.to_dict() for r in chosen]
+        payload["recommendations"] = [_with_benchmarks(store, r.to_dict()) for r in chosen]
     if "simulation" in payload:
         from autotune.cli.simulate import render
 
@@ -124,7 +131,9 @@ def show(
         return
     out = wide_console() if wide else console
     for key, rows in payload.items():
-        if key == "simulations":
+        if key == "compare":
+            out.print(_tables.compare_view(*rows["recommendations"]))
+        elif key == "simulations":
             from autotune.cli.simulate import simulations_view
 
             out.print(simulations_view(rows, wide=wide))
@@ -136,6 +145,53 @@ def show(
             out.print(_tables.profiles_view(rows, wide=wide))
         else:
             out.print(_tables.recommendations_view(rows, wide=wide))
+            for row in rows:
+                if row.get("benchmarks"):
+                    out.print(_tables.bench_view(row, row["benchmarks"]))
+
+
+def _with_benchmarks(store: Any, rec: dict[str, Any]) -> dict[str, Any]:
+    """`rec` with its stored benchmarks (newest first), each with its figures beside the recommendation's and the
+    error (`autotune.bench.compare`); a recommendation never benchmarked is left as it is."""
+    from autotune.bench import compare
+
+    benchmarks = store.list_benchmarks(rec["id"])
+    if not benchmarks:
+        return rec
+    metrics = rec.get("metrics") or {}
+    return {**rec, "benchmarks": [
+        {**b.to_dict(), "comparison": [e.to_dict() for e in compare(metrics, b.figures)]} for b in benchmarks]}
+
+
+def _compared(store: Any, ids: tuple[str, str]) -> dict[str, Any]:
+    """Both recommendations of --compare (with their benchmarks), the rows side by side and the names of those that
+    differ. A study name stands for that study's recommendation at the other's concurrency, else its highest."""
+    from autotune.cli._tables import compare_rows
+    from autotune.errors import NotFoundError, UsageError
+
+    def by_id(text: str) -> dict[str, Any] | None:
+        return _with_benchmarks(store, store.get_recommendation(int(text)).to_dict()) if text.isdigit() else None
+
+    def by_study(name: str, other: dict[str, Any] | None) -> dict[str, Any]:
+        name = _study_named(store, name)
+        recs = [r for r in store.list_recommendations() if r.study == name]
+        if not recs:
+            raise NotFoundError(f"--compare: {name!r} is neither a recommendation id nor a study with a "
+                                "recommendation; `peagle-tune show` and `show --studies` list them.")
+        level = (other or {}).get("scenario", {}).get("concurrency")
+        same = [r for r in recs if r.scenario.get("concurrency") == level]
+        rec = same[0] if same else max(recs, key=lambda r: int(r.scenario.get("concurrency") or 0))
+        return _with_benchmarks(store, rec.to_dict())
+
+    first, second = by_id(ids[0]), by_id(ids[1])
+    first = first if first is not None else by_study(ids[0], second)
+    second = second if second is not None else by_study(ids[1], first)
+    if first["id"] == second["id"]:
+        raise UsageError(f"--compare needs two different recommendations, but both are #{first['id']}.")
+    rows = compare_rows(first, second)
+    return {"recommendations": [first, second],
+            "rows": [{"what": what, "first": a, "second": b, "differs": d} for what, a, b, d in rows],
+            "differs": [what for what, _a, _b, d in rows if d and what != "stored"]}
 
 
 def _study_named(store: Any, name: str) -> str:

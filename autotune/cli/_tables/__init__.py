@@ -9,6 +9,7 @@ the table or in the ``--wide`` columns. Cells never hold raw JSON.
 
 from __future__ import annotations
 
+from autotune.cli._tables._bench import bench_view, compare_rows, compare_view
 from autotune.cli._tables._cells import (
     RISE_NOTE,
     config_text,
@@ -29,7 +30,10 @@ from autotune.cli._tables._show import (
 
 __all__ = [
     "RISE_NOTE",
+    "bench_view",
     "candidates_table",
+    "compare_rows",
+    "compare_view",
     "comparison_table",
     "config_text",
     "fmt",
