@@ -135,3 +135,36 @@ def test_dry_runs_vllm_serve_line_carries_exports_arguments(db: str) -> None:
             assert served[flag] == value, flag
     own = vllm_argv(ok(*SERVE, "--db", db, "--", "--max-model-len", "512").stdout)
     assert own.count("--max-model-len") == 1 and flags(own)["--max-model-len"] == "512"  # the user's value wins
+
+
+def test_drafter_by_load_on_plain_numbers() -> None:
+    """No speculation best at c=64, a drafter at c=1: no speculation's figure at c=1 is that load's figure over its
+    speedup (800 / 1.6 = 500 tok/s); the drafter's at c=64 is its per-drafter row."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from autotune.cli.serve import _figures_label
+    from autotune.selection import drafter_by_load, entry
+
+    drafter = {"method": "eagle3", "drafter": "org/d", "num_speculative_tokens": 3, "parallel_drafting": True,
+               "drafter_layers": 1, "max_num_seqs": 1}
+    none = {"method": None, "drafter": None, "num_speculative_tokens": 0, "max_num_seqs": 64}
+
+    def rec(i: int, c: int, config: dict[str, Any], metrics: dict[str, Any]) -> Any:
+        return SimpleNamespace(id=i, model="m", gpu="cpu", workload_name="w", objective="throughput",
+                               scenario={"concurrency": c}, best_config=config, metrics=metrics, schedule=[],
+                               provenance={"kind": "measured", "backend": "vllm", "device": "cpu",
+                                           "vllm_version": "0.32"},
+                               created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+
+    low = rec(1, 1, drafter, {"output_tokens_per_s": 800.0, "speedup_vs_no_spec": 1.6})
+    high = rec(2, 64, none, {"output_tokens_per_s": 9000.0, "per_drafter": [
+        {"best_config": {**drafter, "max_num_seqs": 64}, "output_tokens_per_s": 8100.0}]})
+    split = drafter_by_load([entry(high), entry(low)])
+    assert split is not None
+    assert split.served == ("", False) and split.others == [("org/d", True)]
+    assert [load.entry.concurrency for load in split.loads] == [1, 64]
+    assert split.loads[0].tokens_per_s == {("org/d", True): 800.0, ("", False): pytest.approx(500.0)}
+    assert split.loads[1].tokens_per_s == {("org/d", True): 8100.0, ("", False): 9000.0}
+    assert drafter_by_load([entry(low)]) is None  # one load: one drafter
+    assert _figures_label(low) == "measured by the vllm backend on cpu, vLLM 0.32"
