@@ -229,6 +229,22 @@ def test_container_files_name_the_tested_vllm_version() -> None:
                 assert tag == version, f"{path.relative_to(ROOT)} names vllm/vllm-openai:{tag}"
 
 
+def test_the_image_installs_every_package_of_the_distribution() -> None:
+    # What `pip install .` needs is copied and let through the build context: pyproject.toml, its readme and the
+    # top-level packages setuptools is told to include (a new package left out would be missing from the image).
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.removesuffix("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    needed = {"pyproject.toml", project["project"]["readme"], *packages}
+    text = DOCKERFILE.read_text()
+    copied = {word for line in re.findall(r"^COPY (.+)$", text, re.MULTILINE) for word in line.split()[:-1]}
+    assert copied == needed
+    allowed = {line[1:] for line in DOCKERFILE.with_name("Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    assert allowed == needed
+    extras = set(re.findall(r'"\.\[([\w,]+)\]"', text)[0].split(","))
+    assert extras <= set(project["project"]["optional-dependencies"])
+
+
 def _serve_params(argv: list[str]) -> dict[str, Any]:
     """The options `peagle-tune serve` parses from `argv` (click, no launch)."""
     from autotune.cli.serve import serve
