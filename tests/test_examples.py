@@ -222,6 +222,10 @@ def test_container_files_name_the_tested_vllm_version() -> None:
     assert version.startswith(PLUGIN_VLLM + ".")  # the version the plugin is written against (doctor's check)
     _, image = _dockerfile_argv()
     assert image == f"vllm/vllm-openai:v{version}"
+    # The image the cluster runs is the one the Dockerfile's build line tags, at this peagle-tune's version.
+    ours = "peagle-tune:" + tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"docker build -f examples/deploy/Dockerfile -t {ours} ." in DOCKERFILE.read_text()
+    assert _kubernetes()["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"] == ours
     # Every image tag the examples and docs mention is that one.
     for path in [*DEPLOY.rglob("*"), METRICS_DOC]:
         if path.is_file():
