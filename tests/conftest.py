@@ -4,7 +4,8 @@ vLLM 0.32 runs a draft_model drafter whose path contains "eagle-" as EAGLE, and 
 `peagle-tune`: the engine tests then reach the fixture models through a neutral symlink (PEAGLE_TEST_MODELS), as the
 product does for users (autotune/engine/_drafters.py).
 
-Engine launches are what the suite spends its time on: every launch appends a line to PEAGLE_LAUNCH_LOG
+Engine launches are what the suite spends its time on: engines that tests only read from are shared through
+``engine_pool`` (tests/_engines.py), and every launch appends a line to PEAGLE_LAUNCH_LOG
 (`autotune.engine._launch_log`; a temporary file unless set), and the run ends with their count per test file.
 """
 
@@ -16,6 +17,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pytest
+from _engines import EnginePool
 
 from autotune.engine import safe_draft_model_path
 from autotune.engine._drafters import hijacking_substring
@@ -32,6 +36,20 @@ if _OWN_LAUNCH_LOG:
     fd, _path = tempfile.mkstemp(prefix="peagle-launches-", suffix=".jsonl")
     os.close(fd)
     os.environ[LAUNCH_LOG_ENV] = _path
+
+
+@pytest.fixture(scope="session")
+def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> EnginePool:
+    """Measurements several engine tests read, each run once per session (tests/_engines.py)."""
+    return EnginePool(tmp_path_factory.mktemp("engine-pool"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (scripts/test.sh: --dist loadgroup) the PostgreSQL tests share one server database whose
+    # peagle_* tables they drop and create (tests/test_store_contract.py): one worker runs them all, in turn.
+    for item in items:
+        if item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.xdist_group("postgres"))
 
 
 def launch_counts(path: Path) -> Counter[str]:

@@ -146,6 +146,7 @@ requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not ins
 
 
 @requires_vllm
+@pytest.mark.slow
 def test_with_the_real_vllm_the_runner_is_v1_on_cpu_and_the_plugin_imports(tmp_path: Path) -> None:
     result = _doctor(["--db", str(tmp_path / "peagle.db")])
     assert result.exit_code == 0, result.output

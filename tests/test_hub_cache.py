@@ -82,6 +82,7 @@ def test_a_partial_snapshot_is_incomplete_to_huggingface_hub(tmp_path: Path, mon
         huggingface_hub.snapshot_download("org/target")
 
 
+@pytest.mark.slow
 def test_transformers_loads_config_and_tokenizer_by_repo_id_offline(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     build_hub_cache(tmp_path, STANDARD_REPOS)
@@ -99,6 +100,7 @@ def test_transformers_loads_config_and_tokenizer_by_repo_id_offline(tmp_path: Pa
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [config["num_hidden_layers"], config["hidden_size"], True]
 
 
+@pytest.mark.slow
 def test_vllm_resolves_the_repo_id_offline(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     build_hub_cache(tmp_path, STANDARD_REPOS)

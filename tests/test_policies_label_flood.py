@@ -142,6 +142,7 @@ def runs() -> tuple[Run, Run]:
     return _serve("flood-10", _labels(10)), _serve("flood-10k", _labels(REQUESTS))
 
 
+@pytest.mark.slow
 def test_classes_stay_the_policys_and_clients_never_raise_their_cap(runs: tuple[Run, Run]) -> None:
     few, many = runs
     for run in runs:
@@ -150,6 +151,7 @@ def test_classes_stay_the_policys_and_clients_never_raise_their_cap(runs: tuple[
     assert many.classes == few.classes
 
 
+@pytest.mark.slow
 def test_decision_time_metrics_stats_and_memory_stay_flat(runs: tuple[Run, Run]) -> None:
     few, many = runs
     report = {

@@ -273,6 +273,7 @@ def test_three_workers_store_one_recommendation(db_url: str) -> None:
     assert got == [rec.id] * 3
 
 
+@pytest.mark.slow
 def test_three_search_workers_on_one_sqlite_study_store_one_recommendation(tmp_path: Path) -> None:
     from test_search_workers import worker
 

@@ -80,6 +80,7 @@ def stored_count(db: str) -> int:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_killed_search_resumes_with_no_completed_trial_lost(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'peagle.db'}"
     proc = subprocess.Popen(worker(db, "s", 20, 0.3), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -139,6 +140,7 @@ def check_shared_study(db: str, study: str, trials: int, runs: list[subprocess.C
     assert sorted(t.number for t in stored) == sorted(t.number for t in done)
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_sqlite_study(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'peagle.db'}"
     runs = run_two_workers(db, "shared", TRIALS, tmp_path)

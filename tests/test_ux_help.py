@@ -71,12 +71,14 @@ def help_at(columns: int, *path: str) -> str:
 
 
 @pytest.mark.parametrize("path", [p for p, _ in commands()], ids=lambda p: " ".join(p) or "peagle-tune")
+@pytest.mark.slow
 def test_examples_stay_whole_in_a_narrow_terminal(path: tuple[str, ...]) -> None:
     # In a 60-column terminal click rewraps paragraphs; examples are verbatim blocks, so each stays one line (the
     # terminal wraps it visually, and it still pastes as one command).
     assert examples(help_at(60, *path)) == examples(help_text(path))
 
 
+@pytest.mark.slow
 def test_help_wraps_to_the_terminal_width() -> None:
     wide = help_at(120, "search")
     prose = [line for line in wide.splitlines() if not line.strip().startswith("peagle-tune ")]

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from _scripts import load_script  # tests/ is on sys.path (pytest prepend import mode)
 from test_ux_help import parses  # tests/ is on sys.path (pytest prepend import mode)
 
@@ -62,6 +63,7 @@ def test_tables_in_the_doc_fit_80_columns() -> None:
 CHEAP_STEPS = 3
 
 
+@pytest.mark.slow
 def test_the_doc_is_what_its_first_commands_print_now(tmp_path: Path) -> None:
     """docs/quickstart.md is stale when the commands print something else: regenerate it with
     `.venv/bin/python scripts/quickstart.py` (this test reruns its first steps the way the script does)."""
