@@ -89,7 +89,7 @@ class SpecCounters:
         return cls(**data)
 
 
-FailureKind = Literal["invalid_config", "out_of_memory", "engine_died", "timeout"]
+FailureKind = Literal["invalid_config", "out_of_memory", "engine_died", "timeout", "stalled"]
 
 
 @dataclass

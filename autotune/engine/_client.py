@@ -12,7 +12,8 @@ Measured per request, on the client's clock (so it includes HTTP and detokenisat
 - ITL (ms): gaps between streamed chunks. One engine step streams one chunk, so with speculation a chunk carries
   several tokens and ITL is per step, not per token.
 Load: closed loop at ``concurrency`` requests in flight, or (``request_rate`` set) Poisson arrivals at that rate
-with at most ``concurrency`` in flight.
+with at most ``concurrency`` in flight. A warm-up or measured class with no streamed chunk for ``stall_s`` raises
+`EngineStalled` (`autotune.engine._stall`); each class reports its longest gap between chunks (``max_gap_s``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.engine._constants import WARMUP_MAX_TOKENS
 from autotune.engine._counters import snapshot_from_prometheus, spec_delta
 from autotune.engine._harness import request_from_dict
+from autotune.engine._stall import STALL_POLL_S, EngineStalled, Progress, stall_message
 from autotune.workloads import WorkloadRequest
 
 #: Poisson arrivals use a fixed seed so two runs of one scenario offer the same load.
@@ -91,7 +93,13 @@ def _chunk_text(choice: Mapping[str, Any]) -> str | None:
 
 
 async def _one_request(
-    session: Any, base: str, model: str, request: WorkloadRequest, max_tokens: int, ignore_eos: bool
+    session: Any,
+    base: str,
+    model: str,
+    request: WorkloadRequest,
+    max_tokens: int,
+    ignore_eos: bool,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     endpoint, payload = request_payload(model, request, max_tokens, ignore_eos)
     chunk_times: list[float] = []
@@ -116,6 +124,8 @@ async def _one_request(
             if text is not None:
                 chunk_times.append(time.perf_counter())
                 text_parts.append(text)
+            if progress is not None:
+                progress.tick()
     n = completion_tokens if completion_tokens is not None else len(chunk_times)
     first = chunk_times[0] if chunk_times else None
     return {
@@ -136,6 +146,7 @@ async def _run_requests(
     request_rate: float | None,
     ignore_eos: bool,
     max_tokens_cap: int | None = None,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     slots = asyncio.Semaphore(concurrency)
     rng = random.Random(_ARRIVAL_SEED)
@@ -152,9 +163,25 @@ async def _run_requests(
             await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
         async with slots:
             cap = min(r.max_tokens, max_tokens_cap) if max_tokens_cap else r.max_tokens
-            return await _one_request(session, base, model, r, cap, ignore_eos)
+            return await _one_request(session, base, model, r, cap, ignore_eos, progress)
 
     return list(await asyncio.gather(*(run(i, r) for i, r in enumerate(requests))))
+
+
+async def _unless_stalled(run: Awaitable[Any], progress: Progress, stall_s: float, mark: PhaseLog, base: str) -> Any:
+    """Await `run`; cancel it and raise `EngineStalled` when `progress` stays idle for more than `stall_s`."""
+    progress.mark()
+    task = asyncio.ensure_future(run)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=STALL_POLL_S)
+        if task in done:
+            return task.result()
+        idle = progress.idle_s()
+        if idle > stall_s:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise EngineStalled(stall_message(mark.phase, idle, stall_s, f"vllm serve at {base}"))
 
 
 async def _scrape_spec(session: Any, base: str) -> dict[str, Any]:
@@ -172,12 +199,17 @@ async def _scrape_spec(session: Any, base: str) -> dict[str, Any]:
 
 
 async def measure_over_http(
-    job: Mapping[str, Any], base: str, timings: dict[str, float], mark: PhaseLog
+    job: Mapping[str, Any],
+    base: str,
+    timings: dict[str, float],
+    mark: PhaseLog,
+    stall_s: float = float("inf"),
 ) -> dict[str, Any]:
     """Warm up, then measure each class of ``job["classes"]`` as its own sub-phase against the server at `base`.
 
-    Returns ``{class: {"wall_s", "num_requests", "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "spec",
-    "outputs"?}}`` (the offline worker's shape plus ITL) and adds ``warmup_s``/``measure_s`` to `timings`.
+    Returns ``{class: {"wall_s", "num_requests", "output_tokens", "ttft_ms", "tpot_ms", "itl_ms", "max_gap_s",
+    "spec", "outputs"?}}`` (the offline worker's shape plus ITL) and adds ``warmup_s``/``measure_s`` to `timings`.
+    Raises `EngineStalled` when no chunk streams for `stall_s` during the warm-up or a class.
     """
     import aiohttp  # installed with vLLM; serve mode needs vLLM anyway
 
@@ -186,13 +218,17 @@ async def measure_over_http(
     rate = job.get("request_rate")
     ignore_eos = bool(job.get("ignore_eos", False))
     model = job["model"]
+    progress = Progress()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         mark("warmup")
         t = time.perf_counter()
         warm = [r for reqs in classes.values() for r in reqs][: int(job.get("warmup_requests", 0))]
         if warm:
-            await _run_requests(session, base, model, warm, concurrency, None, ignore_eos, WARMUP_MAX_TOKENS)
+            await _unless_stalled(
+                _run_requests(session, base, model, warm, concurrency, None, ignore_eos, WARMUP_MAX_TOKENS, progress),
+                progress, stall_s, mark, base,
+            )
             with contextlib.suppress(Exception):  # dev-mode endpoint; without it the cache just stays warm
                 async with session.post(f"{base}/reset_prefix_cache"):
                     pass
@@ -202,8 +238,12 @@ async def measure_over_http(
         for name, reqs in classes.items():
             before = await _scrape_spec(session, base)
             t = time.perf_counter()
-            results = await _run_requests(session, base, model, reqs, concurrency, rate, ignore_eos)
+            results = await _unless_stalled(
+                _run_requests(session, base, model, reqs, concurrency, rate, ignore_eos, None, progress),
+                progress, stall_s, mark, base,
+            )
             wall = time.perf_counter() - t
+            max_gap_s = progress.gap_s()
             after = await _scrape_spec(session, base)
             entry: dict[str, Any] = {
                 "wall_s": wall,
@@ -212,6 +252,7 @@ async def measure_over_http(
                 "ttft_ms": [r["ttft_ms"] for r in results if r["ttft_ms"] is not None],
                 "tpot_ms": [r["tpot_ms"] for r in results if r["tpot_ms"] is not None],
                 "itl_ms": [x for r in results for x in r["itl_ms"]],
+                "max_gap_s": max_gap_s,
                 "spec": spec_delta(before, after),
             }
             if job.get("return_outputs"):

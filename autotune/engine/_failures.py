@@ -1,5 +1,5 @@
-"""What went wrong in one engine run: the failure kind (invalid_config, out_of_memory, engine_died, timeout) and a
-one-line reason that says what to do, from the worker's report, the exit status and the engine log."""
+"""What went wrong in one engine run: the failure kind (invalid_config, out_of_memory, engine_died, timeout,
+stalled) and a one-line reason that says what to do, from the worker's report, the exit status and the engine log."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 import signal
 from pathlib import Path
 
+from autotune.engine._stall import STALL_ENV, STALLED
 from autotune.measurement import FailureKind
 
 LOG_TAIL_LINES = 40
@@ -109,8 +110,9 @@ def classify_failure(
 
     `phase` is where the run was (start, import, load, warmup, measure), `exc_types` the MRO names of the
     exception the worker caught (empty when it died without reporting), `returncode` the worker's exit status
-    (negative: killed by that signal; None: it did not exit on its own). Order: timeout, then memory evidence, then
-    a rejected config (an exception such as ValueError while building the engine), else the engine died.
+    (negative: killed by that signal; None: it did not exit on its own). Order: timeout, a stall (no progress for
+    the stall bound, `autotune.engine._stall`), then memory evidence, then a rejected config (an exception such as
+    ValueError while building the engine), else the engine died.
     """
     cause = root_cause(log_text)
     generic = not message or any(g in message for g in _GENERIC_ERRORS)
@@ -121,6 +123,11 @@ def classify_failure(
         return "timeout", (
             f"No result within timeout_s={timeout_s:g} s (the engine was in phase '{phase}'); raise timeout_s "
             "or measure fewer or shorter requests (Scenario.num_prompts, max_tokens)."
+        )
+    if STALLED in exc_types:
+        return "stalled", (
+            f"The engine made {message}. Nothing was measured; if a step of this model can take that long, raise "
+            f"{STALL_ENV}, else find what stopped the engine (a stopped process, a swapping machine, a hung device)."
         )
     if _FREE_MEMORY_RE.search(evidence):
         return "out_of_memory", (

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.engine._launch_log import note_launch
+from autotune.engine._stall import STALLED, Progress, stall_bound, start_stall_watch, watch_engine_steps
 from autotune.engine._watchdog import ENGINE_DIED, start_engine_watchdog
 from autotune.workloads import WorkloadRequest
 
@@ -61,6 +62,8 @@ class EngineSession:
     """The ``vllm.LLM``."""
     tokenizer: Any
     timings: dict[str, float] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    """Ticked by every engine step (`autotune.engine._stall`): a job reads a measured class's longest gap here."""
 
     def prompt(self, request: WorkloadRequest) -> str | dict[str, list[int]]:
         """What ``LLM.generate`` / ``LLMEngine.add_request`` get for `request`, decided by
@@ -118,9 +121,10 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)  # atomic: the parent never reads half a result
 
 
-def _report_engine_death(result_path: Path, death: str) -> None:
-    """The engine core died under the job (the watchdog's call): report it now and exit, instead of waiting on a
-    dead engine until the parent's deadline. Nothing happens once the job's own result is written."""
+def _report_engine_death(result_path: Path, death: str, exc_type: str = ENGINE_DIED) -> None:
+    """The engine core died (or stalled: `exc_type` STALLED) under the job, the watchdog's call: report it now and
+    exit, instead of waiting on the engine until the parent's deadline. Nothing happens once the job's own result is
+    written."""
     with _result_lock:
         if _state.get("reported"):
             return
@@ -128,8 +132,8 @@ def _report_engine_death(result_path: Path, death: str) -> None:
         result = {
             "ok": False,
             "phase": _state["phase"],
-            "exc_type": ENGINE_DIED,
-            "exc_types": [ENGINE_DIED, "RuntimeError"],
+            "exc_type": exc_type,
+            "exc_types": [exc_type, "RuntimeError"],
             "message": death,
         }
         _write_json(result_path, result)
@@ -178,9 +182,13 @@ def worker_main(
     try:
         session = _load(job)
         start_engine_watchdog(session.llm, lambda death: _report_engine_death(result_path, death))
+        stall_s = stall_bound(session.timings["load_s"], job.get("stall_s"))
+        watch_engine_steps(session.llm, session.progress)
+        start_stall_watch(session.progress, stall_s, lambda: str(_state["phase"]),
+                          lambda why: _report_engine_death(result_path, why, STALLED), f"worker pid {os.getpid()}")
         payload = run_job(job, session)
         enter("done")
-        result: dict[str, Any] = {"ok": True, "timings": session.timings, **payload}
+        result: dict[str, Any] = {"ok": True, "timings": session.timings, "stall_s": stall_s, **payload}
     except BaseException as exc:  # report every failure, including SystemExit from deep inside the engine
         traceback.print_exc()
         sys.stderr.flush()

@@ -2,14 +2,15 @@
 
 Job keys besides the harness's: ``classes`` ({class: [request dicts]}), ``warmup_requests``, ``ignore_eos``,
 ``return_outputs``. Result: ``"classes": {class: {"wall_s", "num_requests", "output_tokens", "prompt_tokens",
-"ttft_ms", "tpot_ms", "spec", "outputs"?}}`` and the timings ``warmup_s`` and ``measure_s``.
+"ttft_ms", "tpot_ms", "max_gap_s", "spec", "outputs"?}}`` and the timings ``warmup_s`` and ``measure_s``.
 
 Measured per request (from ``RequestOutput.metrics``, a ``RequestStateStats``; engine-core monotonic clock):
 - TTFT (ms) = ``first_token_ts - scheduled_ts``: from the step that first schedules the request to its first
   token. All prompts are queued at once, so waiting for a free slot (which a closed-loop client at the same
   concurrency would spend before sending) is excluded.
 - TPOT (ms) = ``(last_token_ts - first_token_ts) / (generated tokens - 1)``, for requests with >= 2 tokens.
-Speculative counters are deltas of ``LLM.get_metrics()`` around each class's measured sub-phase.
+Speculative counters are deltas of ``LLM.get_metrics()`` around each class's measured sub-phase. ``max_gap_s`` is
+the longest time without an engine step in it (a stall when above the bound, `autotune.engine._stall.stall_in`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def measure_classes(job: Mapping[str, Any], session: EngineSession) -> dict[str,
     for name, reqs in classes.items():
         before = snapshot_from_metrics(llm.get_metrics())
         t = time.perf_counter()
+        session.progress.mark()
         outs = llm.generate([session.prompt(r) for r in reqs], [params(r) for r in reqs], use_tqdm=False)
         wall = time.perf_counter() - t
+        max_gap_s = session.progress.gap_s()
         raise_if_aborted(llm, outs, f"class {name!r}")  # an engine stopped under them returns them cut short
         after = snapshot_from_metrics(llm.get_metrics())
         lat = [request_latencies(o) for o in outs]
@@ -67,6 +70,7 @@ def measure_classes(job: Mapping[str, Any], session: EngineSession) -> dict[str,
             "prompt_tokens": sum(len(o.prompt_token_ids or ()) for o in outs),
             "ttft_ms": [x for x, _ in lat if x is not None],
             "tpot_ms": [y for _, y in lat if y is not None],
+            "max_gap_s": max_gap_s,
             "spec": spec_delta(before, after),
         }
         if job.get("return_outputs"):

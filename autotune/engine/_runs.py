@@ -2,7 +2,7 @@
 
 `run_worker` and `run_serve` both return a `LaunchResult`: what the engine reported, its exit status (only when it
 exited on its own), whether the deadline passed, and the engine log; `LaunchResult.failure` classifies a failed
-run (invalid_config, out_of_memory, engine_died, timeout).
+run (invalid_config, out_of_memory, engine_died, timeout, stalled).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from autotune.engine._failures import classify_failure, last_phase, phase_marks,
 from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions
 from autotune.engine._process import kill_process_group, own_returncode, poll_until, start_process_group
+from autotune.engine._stall import STALLED, stall_in
 from autotune.engine._variants import predict_variant
 from autotune.errors import BackendUnavailableError, ConfigError
 from autotune.measurement import FailureKind, Provenance
@@ -113,13 +114,15 @@ class LaunchResult:
         return bool(self.raw.get("ok"))
 
     def failure(self) -> tuple[FailureKind, str] | None:
-        """(kind, one-line reason) of a failed launch; None when it succeeded."""
-        if self.ok:
+        """(kind, one-line reason) of a failed launch; None when it succeeded. A report whose measured phase had a
+        gap in progress longer than the stall bound (`stall_in`) failed too: it is no measurement."""
+        stall = stall_in(self.raw) if self.ok else None
+        if self.ok and stall is None:
             return None
         return classify_failure(
             phase=str(self.raw.get("phase") or last_phase(self.log_text)),
-            exc_types=list(self.raw.get("exc_types") or []),
-            message=str(self.raw.get("message") or ""),
+            exc_types=[STALLED] if stall else list(self.raw.get("exc_types") or []),
+            message=stall or str(self.raw.get("message") or ""),
             returncode=self.returncode,
             timed_out=self.timed_out,
             log_text=self.log_text,

@@ -21,6 +21,7 @@ from autotune.engine._observe import watch_launch
 from autotune.engine._options import EngineOptions, serve_argv
 from autotune.engine._process import free_port, is_healthy, kill_process_group, poll_until, start_process_group
 from autotune.engine._runs import LaunchResult, temporary
+from autotune.engine._stall import stall_bound
 
 #: Enables ``POST /reset_prefix_cache`` after the warm-up (the server binds loopback only).
 _SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -73,10 +74,10 @@ def _serve_and_measure(
         else:
             timings["startup_s"] = time.perf_counter() - started
             try:
-                per_class = asyncio.run(
-                    asyncio.wait_for(measure_over_http(job, base, timings, mark), max(1.0, deadline - time.monotonic()))
-                )
-                raw = {"ok": True, "timings": timings, "classes": per_class}
+                stall_s = stall_bound(timings["startup_s"], job.get("stall_s"))
+                measured = measure_over_http(job, base, timings, mark, stall_s)
+                per_class = asyncio.run(asyncio.wait_for(measured, max(1.0, deadline - time.monotonic())))
+                raw = {"ok": True, "timings": timings, "stall_s": stall_s, "classes": per_class}
             except TimeoutError:
                 raw, timed_out = {**failure, "phase": mark.phase}, True
             except Exception as exc:  # a request failed: tell a dead server from a rejected request

@@ -144,7 +144,8 @@ def profile_phases(job: Mapping[str, Any], session: EngineSession) -> dict[str, 
         max_k = None if phase.get("max_k") is None else int(phase["max_k"])
         pairs = [pair(r, name, max_k=max_k) for r in phase["requests"]]
         if turns is not None:
-            turns.wait_go(n)
+            with session.progress.paused():  # waiting for the other engine's turn is no stall
+                turns.wait_go(n)
         if phase.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
         phase_before = snapshot_from_metrics(llm.get_metrics())
