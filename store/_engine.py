@@ -2,7 +2,8 @@
 
 SQLite files are always opened through a ``file:`` URI we build (SQLAlchemy's `creator`), so the URL's SQLite
 options (``?mode=ro``, ``?immutable=1``) are honoured instead of being dropped with a warning, and a file this user
-cannot write (permissions, a read-only filesystem) is opened read-only: `show`, `export` and `report` can read it.
+cannot write (permissions, a read-only filesystem, a full disk) is opened read-only: `show`, `export` and `report`
+can read it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from sqlalchemy.pool import StaticPool
 from store._bad_rows import tolerant_json_loads
 from store._url import MAX_LOCK_TIMEOUT_S, SqliteFile, is_sqlite_memory, mask_password, parse_db_url, sqlite_file
 from store.exceptions import DatabaseUnavailableError
+
+#: Bytes a reader of a WAL database writes: SQLite maps its ``-shm`` index in 32 KiB regions (``WALINDEX_PGSZ`` in
+#: sqlite3.c) and writes each page of a new one, so with less free space than this opening fails ("disk I/O error").
+SHM_REGION_BYTES = 32 * 1024
 
 #: How long a SQLite connection waits for another process's write lock before failing, in ms (``?timeout=`` in the
 #: URL or `Store(lock_timeout_s=...)` change it).
@@ -108,19 +113,33 @@ def _read_only(file: SqliteFile) -> tuple[str | None, dict[str, str]]:
 
     A file this user cannot write is opened with ``mode=ro``. On a read-only filesystem SQLite cannot create the
     ``-shm`` file a WAL database needs even to read, so it is opened ``immutable=1`` too: nothing can change it
-    there. (If a non-empty ``-wal`` file lies beside it, immutable would ignore the commits in it: ``mode=ro`` only.)
+    there. The same on a disk too full for that file (`SHM_REGION_BYTES`) when no other connection made one. (If a
+    non-empty ``-wal`` file lies beside it, immutable would ignore the commits in it: ``mode=ro`` only.)
     """
     requested = file.read_only_requested
     if requested is not None:
         return requested, {}
     path = file.path
-    if not path.exists() or os.access(path, os.W_OK):
+    if not path.exists():
+        return None, {}
+    wal = path.with_name(path.name + "-wal")
+    ro = {"mode": "ro"} if wal.exists() and wal.stat().st_size > 0 else {"mode": "ro", "immutable": "1"}
+    if os.access(path, os.W_OK):
+        if free_bytes(path) < SHM_REGION_BYTES and not path.with_name(path.name + "-shm").exists():
+            return "its disk is full", ro
         return None, {}
     if _on_read_only_filesystem(path):
-        wal = path.with_name(path.name + "-wal")
-        pending = wal.exists() and wal.stat().st_size > 0
-        return "it is on a read-only filesystem", {"mode": "ro"} if pending else {"mode": "ro", "immutable": "1"}
+        return "it is on a read-only filesystem", ro
     return "this user cannot write the file", {"mode": "ro"}
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes this user may still write on the filesystem holding `path` (a large number when unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 1 << 62
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
 def _on_read_only_filesystem(path: Path) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import enum
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -265,12 +266,59 @@ def _lock_schema(connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_ADVISORY_LOCK_KEY})
 
 
-def upgrade_engine(engine: Engine, url: str) -> str:
+def repair_drift(connection: Connection, url: str) -> list[str]:
+    """Make a database at the head revision hold the models' tables again; returns what was repaired, in words.
+
+    At head the tables are exactly the models (`tests/test_store_schema.py`), unless someone changed them by hand.
+    Repaired, since nothing stored is lost or made up: a missing table or index is created, a missing column that
+    may be NULL (no foreign key, not unique) is added back, its values NULL (they were gone with the column). Anything
+    else the models need (a NOT NULL column, a key, a constraint) raises `StaleSchemaError` naming each one and the
+    fix; then nothing is repaired. What the models do not know (another tool's table or column) is left alone.
+    """
+    from sqlalchemy.schema import CreateColumn
+
+    diffs = [d for group in schema_differences(connection) for d in (group if isinstance(group, list) else [group])]
+    created = {d[1].name for d in diffs if d[0] == "add_table"}
+    plan: list[tuple[int, str, Any]] = []  # (order: tables, columns, then indexes; what was done; Table/Index/SQL)
+    left: list[str] = []
+    quote = connection.dialect.identifier_preparer.quote
+    for diff in diffs:
+        op = diff[0]
+        if op == "add_table":
+            plan.append((0, f"created the missing table {diff[1].name}", diff[1]))
+        elif op == "add_index" and diff[1].table.name not in created:
+            plan.append((2, f"created the missing index {diff[1].name}", diff[1]))
+        elif op == "add_column" and diff[3].nullable and not diff[3].foreign_keys and not diff[3].unique:
+            table_name, column = diff[2], diff[3]
+            spec = CreateColumn(column).compile(dialect=connection.dialect)
+            plan.append((1, f"added the missing column {table_name}.{column.name} (NULL in every row)",
+                         f"ALTER TABLE {quote(table_name)} ADD COLUMN {spec}"))
+        elif op in ("add_column", "add_fk", "add_constraint"):  # NOT NULL, keyed or unique: no safe value
+            left.append(describe_difference(diff))
+    if left:
+        shown = "; ".join(left[:5]) + ("; ..." if len(left) > 5 else "")
+        raise StaleSchemaError(
+            f"{mask_password(url)} is at schema revision {head_revision()!r}, but its tables differ from it in ways "
+            f"peagle-tune cannot repair without losing or making up data ({shown}). Restore the database from a "
+            "backup, or move it aside and start a new one (--db or PEAGLE_DB)."
+        )
+    plan.sort(key=lambda step: step[0])
+    for _, _, ddl in plan:
+        if isinstance(ddl, str):
+            connection.exec_driver_sql(ddl)
+        else:
+            ddl.create(connection)
+    return [what for _, what, _ in plan]
+
+
+def upgrade_engine(engine: Engine, url: str, on_repair: Callable[[str], None] | None = None) -> str:
     """Bring the database to the head revision; returns the head. Optuna's tables are never touched.
 
     A database with our tables but no revision row is stamped at head if its tables match the models exactly;
-    otherwise `StaleSchemaError` lists the differences. A newer (unknown) revision raises `StaleSchemaError`.
-    Safe to run from several processes at once: the state is read under a lock and the change is atomic.
+    otherwise `StaleSchemaError` lists the differences. A newer (unknown) revision raises `StaleSchemaError`. A
+    database that was at head, or was just migrated there, is checked against the models (`repair_drift`): each
+    repair is told to `on_repair`. Safe to run from several processes at once: the state is read under a lock and
+    the change is atomic.
     """
     from alembic import command
 
@@ -291,6 +339,11 @@ def upgrade_engine(engine: Engine, url: str) -> str:
                     f"{VERSION_TABLE} table from a backup."
                 )
             command.stamp(cfg, "head")
-        elif status.state is not SchemaState.CURRENT:
+            return status.head
+        if status.state is not SchemaState.CURRENT:
             command.upgrade(cfg, "head")
+        if status.state is not SchemaState.FRESH:  # tables just created from the migrations are the models
+            for repaired in repair_drift(connection, url):
+                if on_repair is not None:
+                    on_repair(repaired)
     return status.head

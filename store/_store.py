@@ -35,7 +35,14 @@ from store._profiles import Profiles
 from store._recommendations import Recommendations
 from store._translate import read_only_message, translate
 from store._trials import Trials
-from store._url import default_db_url, mask_password, normalize_db_url, parse_db_url, sqlite_file
+from store._url import (
+    default_db_url,
+    mask_password,
+    normalize_db_url,
+    parse_db_url,
+    sqlite_file,
+    sqlite_path_problem,
+)
 from store._workloads import Workloads
 from store.exceptions import (
     BadRowWarning,
@@ -52,14 +59,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def upgrade(url: str | None = None) -> str:
+def upgrade(url: str | None = None, on_repair: Callable[[str], None] | None = None) -> str:
     """Migrate the peagle-tune tables at `url` (default: `default_db_url()`) to the head revision; returns it.
 
     Optuna's tables in the same database are not touched. A database written by a newer peagle-tune raises
-    `StaleSchemaError` (upgrade peagle-tune instead).
+    `StaleSchemaError` (upgrade peagle-tune instead). Tables that drifted from the models at head are repaired
+    where nothing is lost (each repair told to `on_repair`), else `StaleSchemaError` names the fix.
     """
     with Store(url, check_schema=False, for_writing=True) as store:
-        return store.upgrade()
+        return store.upgrade(on_repair)
 
 
 class _Delegate(Generic[P, R]):
@@ -127,11 +135,9 @@ class Store:
         self._url = normalize_db_url(url if url is not None else default_db_url())
         self._parsed = parse_db_url(self._url)
         file = sqlite_file(self._parsed)
-        if file is not None and file.path.is_dir():
-            raise DatabaseUnavailableError(
-                f"{file.path} is a directory, not a database file: give a file, e.g. --db {file.path / 'peagle.db'} "
-                "(or PEAGLE_DB)."
-            )
+        problem = sqlite_path_problem(file.path) if file is not None else None
+        if problem is not None:
+            raise DatabaseUnavailableError(problem)
         self._closed = False
         self._engine, self._access = open_engine(self._url, lock_timeout_s=lock_timeout_s)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
@@ -251,11 +257,12 @@ class Store:
         with self._translated(), self._engine.connect() as connection:
             return current_revision(connection)
 
-    def upgrade(self) -> str:
-        """Migrate our tables to the head revision (Optuna's are untouched); returns the head revision."""
+    def upgrade(self, on_repair: Callable[[str], None] | None = None) -> str:
+        """Migrate our tables to the head revision (Optuna's are untouched) and repair drift from the models there
+        (`store._migrate.repair_drift`, each repair told to `on_repair`); returns the head revision."""
         self._check_open()
         with self._translated():
-            return upgrade_engine(self._engine, self._url)
+            return upgrade_engine(self._engine, self._url, on_repair)
 
     def close(self) -> None:
         """Release the database connections. Closing twice is fine; using a closed store raises `StoreError`."""

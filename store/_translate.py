@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 
-from store._engine import SQLITE_BUSY_TIMEOUT_MS, Access
+from store._engine import SHM_REGION_BYTES, SQLITE_BUSY_TIMEOUT_MS, Access, free_bytes
 from store._url import is_sqlite_memory, mask_password, normalize_db_url, parse_db_url, sqlite_file
 from store.exceptions import (
     DatabaseCorruptError,
@@ -38,6 +38,7 @@ _READ_ONLY_FIXES = {
     "the URL asks for it with ?mode=ro": "drop ?mode=ro from the URL",
     "the URL marks it immutable=1": "drop ?immutable=1 from the URL",
     "it is on a read-only filesystem": "copy it to a writable disk",
+    "its disk is full": "free space on that disk",
 }
 
 
@@ -128,6 +129,11 @@ def translate(exc: SQLAlchemyError, parsed: URL, access: Access, *, option: str 
                 return DatabaseUnavailableError(
                     f"Cannot open {masked}: the file {file.path} does not exist (it is opened read-only, because "
                     f"{access.read_only}, so it is not created). Check the path."
+                )
+            if file.path.parent.is_dir() and free_bytes(file.path.parent) < SHM_REGION_BYTES:
+                return DatabaseFullError(
+                    f"Cannot open {masked}: {detail}, because the disk holding {file.path.parent} is full. Free "
+                    f"space on that disk, or choose a database on another disk with {option}."
                 )
             return DatabaseUnavailableError(
                 f"Cannot open the peagle-tune database {masked}: {detail}. Check that the folder "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -45,8 +47,55 @@ def normalize_db_url(url_or_path: str) -> str:
             "URL such as sqlite:////abs/path/peagle.db or postgresql+psycopg://user:password@host:5432/dbname, or a "
             "file path (write ./NAME for a file whose name has a ':')."
         )
-    path = Path(text).expanduser().resolve()
-    return f"sqlite:///{path}"
+    return f"sqlite:///{_resolved(text)}"
+
+
+def _resolved(text: str) -> Path:
+    """`text` as an absolute path, links followed; a link loop is `DatabaseUnavailableError` naming it."""
+    try:
+        return Path(text).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError("Symlink loop from ...")
+        raise DatabaseUnavailableError(
+            f"The database path {text!r:.200} cannot be followed ({exc}): a symbolic link on it leads back to "
+            f"itself. Give a database file with --db or {DB_ENV_VAR}."
+        ) from None
+
+
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket"}
+
+
+def sqlite_path_problem(path: Path) -> str | None:
+    """Why `path` cannot be a SQLite database file, naming the real cause, or None when it is (or can be made) one.
+
+    Examples: "/data is a directory, not a database file: ..."; "The folder /data/new of the database
+    /data/new/peagle.db does not exist: create it (mkdir -p /data/new) or ...".
+    """
+    option = f"--db (or {DB_ENV_VAR})"
+    try:
+        mode: int | None = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:
+        return f"Cannot reach the database {path} ({exc.strerror or exc}): give another file with {option}."
+    if mode is not None and stat.S_ISDIR(mode):
+        return f"{path} is a directory, not a database file: give a file, e.g. --db {path / 'peagle.db'} (or " \
+               f"{DB_ENV_VAR})."
+    if mode is not None:
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode))
+        return None if kind is None else f"{path} is {kind}, not a database file: give a regular file with {option}."
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is a file, not a folder, so the database {path} cannot be created under it: give " \
+               f"another path with {option}."
+    folder = path.parent
+    if not folder.exists():
+        return (f"The folder {folder} of the database {path} does not exist: create it (mkdir -p "
+                f"{shlex.quote(str(folder))}) or give another file with {option}.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"This user cannot create files in {folder}, so the database {path} cannot be created there: give a " \
+               f"file in a writable folder with {option}."
+    return None
 
 
 def default_db_url() -> str:
@@ -182,7 +231,7 @@ def sqlite_file(url: URL) -> SqliteFile | None:
     database = url.database or ""
     if database.startswith("file:"):
         database = unquote(database.removeprefix("file:").split("?", 1)[0])
-    return SqliteFile(Path(database).expanduser().resolve(), params, timeout_s)
+    return SqliteFile(_resolved(database), params, timeout_s)
 
 
 def _single(url: URL, key: str) -> str:

@@ -11,9 +11,11 @@ of docs/reliability.md ("Database and results") point here.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import multiprocessing
+import os
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ from autotune.search import DrafterChoice, GridStrategy, Search, SearchSpace
 from autotune.search.study import MAX_STUDY_PREFIX_CHARS, fitting_study_prefix
 from autotune.spec import Scenario, SpecConfig
 from autotune.workloads import load_workload
-from store import DatabaseCorruptError, InvalidRecordError, Store, mask_password
+from store import DatabaseCorruptError, InvalidRecordError, Store, StoreError, mask_password
 from store.testing import database_url
 
 BACKENDS = [
@@ -371,3 +373,132 @@ def test_a_database_path_that_is_a_directory_names_the_cause(tmp_path: Path, mon
     assert result.exit_code == 1, result.output
     assert f"{tmp_path} is a directory, not a database file: give a file, e.g. --db {tmp_path / 'peagle.db'}" \
         in result.output
+
+
+# ------------------------------------------------------------------------- drift, full disk, PEAGLE_DB (issue 44.7)
+
+
+def _drop(path: Path, *statements: str) -> None:
+    """Change the tables by hand, as a user or another program could (foreign keys off, as sqlite3 opens)."""
+    with sqlite3.connect(path) as raw:
+        for sql in statements:
+            raw.execute(sql)
+
+
+def _drift(url: str) -> list[str]:
+    from store._migrate import describe_difference, schema_differences
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [describe_difference(d) for d in schema_differences(connection)]
+    finally:
+        engine.dispose()
+
+
+def test_db_upgrade_repairs_a_table_a_column_and_an_index_dropped_at_the_current_revision(tmp_path: Path) -> None:
+    # Issue 44.7: a column dropped at the current revision made `search` say "run db upgrade", and `db upgrade` said
+    # "at the current schema" (exit 0), still broken.
+    path = tmp_path / "peagle.db"
+    url = f"sqlite:///{path}"
+    Store(url).close()
+    _drop(path, "ALTER TABLE peagle_recommendations DROP COLUMN vllm_version", "DROP TABLE peagle_workloads",
+          "DROP INDEX ix_peagle_trials_model")
+    assert sorted(_drift(url)) == ["missing column peagle_recommendations.vllm_version",
+                                   "missing index ix_peagle_trials_model", "missing table peagle_workloads"]
+    with Store(url) as store, pytest.raises(StoreError, match="has no column named vllm_version. If tables are "
+                                            "missing, run `peagle-tune db upgrade"):
+        store.add_recommendation("m", gpu="cpu", objective="throughput", best_config={"method": "none"})
+
+    result = CliRunner().invoke(main, ["db", "upgrade", "--db", url], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert sorted(line for line in result.output.splitlines() if line.startswith("Repaired:")) == [
+        "Repaired: added the missing column peagle_recommendations.vllm_version (NULL in every row).",
+        "Repaired: created the missing index ix_peagle_trials_model.",
+        "Repaired: created the missing table peagle_workloads.",
+    ]
+    assert _drift(url) == []
+    with Store(url) as store:
+        rid = store.add_recommendation("m", gpu="cpu", objective="throughput", best_config={"method": "none"},
+                                       vllm_version="0.32.0")
+        assert store.get_recommendation(rid).vllm_version == "0.32.0"
+        assert store.workload_id("w", content_hash="ab" * 32, classes=["a"]) > 0
+
+
+def test_db_upgrade_names_the_fix_for_drift_it_cannot_repair_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "peagle.db"
+    url = f"sqlite:///{path}"
+    Store(url).close()
+    # objective is NOT NULL without a default: adding it back would make up every row's value.
+    _drop(path, "ALTER TABLE peagle_recommendations DROP COLUMN objective",
+          "ALTER TABLE peagle_recommendations DROP COLUMN vllm_version")
+    result = CliRunner().invoke(main, ["db", "upgrade", "--db", url], terminal_width=400)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: {url} is at schema revision {Store(url, check_schema=False).revision()!r}, but its tables differ "
+        "from it in ways peagle-tune cannot repair without losing or making up data (missing column "
+        "peagle_recommendations.objective). Restore the database from a backup, or move it aside and start a new "
+        "one (--db or PEAGLE_DB)."
+    ]
+    assert sorted(_drift(url)) == ["missing column peagle_recommendations.objective",
+                                   "missing column peagle_recommendations.vllm_version"]  # nothing half-repaired
+
+
+def test_read_commands_work_on_a_full_disk_and_a_write_names_the_cause(tmp_path: Path) -> None:
+    # Issue 44.7: with the disk at 0 bytes free, show/export/report of an existing database failed with "disk I/O
+    # error. Check that the folder is writable" (a reader of a WAL database creates its 32 KiB -shm index).
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        path = mnt / "peagle.db"
+        with Store(str(path)) as store:
+            _trials(store, "st", 3)
+            store.add_recommendation("m", gpu="cpu", objective="throughput", best_config={"method": "none"},
+                                     scenario={"concurrency": 1})
+        subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'ballast'}", "bs=4k"], capture_output=True)
+        assert os.statvfs(mnt).f_bfree == 0
+        runner = CliRunner()
+        for args in (["show", "--trials", "st"], ["export"], ["report", "--out", str(tmp_path / "report")]):
+            result = runner.invoke(main, [*args, "--db", str(path)])
+            assert result.exit_code == 0, (args, result.output)
+        assert sorted(p.name for p in mnt.iterdir()) == ["ballast", "peagle.db"]  # nothing written beside it
+        result = runner.invoke(main, ["search", "--model", "gpt-oss-120b", "--concurrency", "8", "--trials", "1",
+                                      "--db", str(path)], terminal_width=300)
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == (
+            f"Error: sqlite:///{path} is open read-only (its disk is full), but this command stores results. To "
+            "store, free space on that disk, or choose another database with --db or PEAGLE_DB."
+        )
+    finally:
+        gc.collect()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "link loop", "missing folder", "file as folder"])
+def test_peagle_db_errors_name_the_real_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    # Issue 44.7: PEAGLE_DB errors said "unable to open database file" / "disk I/O error. Check that the folder ...
+    # is writable", or "Unexpected RuntimeError ... bug" for a link loop, whatever the cause.
+    (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "fifo.db")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    value, expected = {
+        "fifo": (tmp_path / "fifo.db", f"{tmp_path / 'fifo.db'} is a FIFO, not a database file"),
+        "device": (Path("/dev/null"), "/dev/null is a character device, not a database file"),
+        "link loop": (tmp_path / "loop", f"The database path '{tmp_path / 'loop'}' cannot be followed (Symlink loop"),
+        "missing folder": (tmp_path / "new" / "p.db", f"The folder {tmp_path / 'new'} of the database "
+                           f"{tmp_path / 'new' / 'p.db'} does not exist: create it (mkdir -p {tmp_path / 'new'})"),
+        "file as folder": (tmp_path / "afile" / "p.db", f"{tmp_path / 'afile'} is a file, not a folder, so the "
+                           f"database {tmp_path / 'afile' / 'p.db'} cannot be created under it"),
+    }[case]
+    monkeypatch.setenv("PEAGLE_DB", str(value))
+    result = CliRunner().invoke(main, ["search", "--model", "gpt-oss-120b", "--concurrency", "8", "--trials", "1"],
+                                terminal_width=400)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {expected}"), lines
+    assert "PEAGLE_DB" in lines[0] and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "fifo.db", "loop"]

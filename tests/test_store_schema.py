@@ -348,7 +348,8 @@ def test_plain_path_argument_means_a_sqlite_file(tmp_path: Path) -> None:
 
 def test_missing_folder_says_which_folder(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "dir"
-    with pytest.raises(DatabaseUnavailableError, match=f"folder {missing} exists and is writable"):
+    with pytest.raises(DatabaseUnavailableError, match=f"^The folder {missing} of the database {missing / 'peagle.db'} "
+                       r"does not exist: create it \(mkdir -p "):
         Store(f"sqlite:///{missing / 'peagle.db'}")
 
 

@@ -7,6 +7,7 @@ import click
 from autotune.cli._common import (
     console,
     db_option,
+    echo,
     errors,
 )
 
@@ -26,7 +27,10 @@ def db() -> None:
 @db_option
 @errors
 def db_upgrade(db_url: str | None) -> None:
-    """Upgrade the database schema to this version of peagle-tune.
+    """Upgrade the database schema to this version of peagle-tune, and repair tables changed by hand.
+
+    A table, index or column (one that may be empty) missing at the current schema is added back; other changes
+    are named with the fix.
 
     \b
     Example:
@@ -35,7 +39,7 @@ def db_upgrade(db_url: str | None) -> None:
     from store import default_db_url, mask_password, normalize_db_url, upgrade
 
     url = normalize_db_url(db_url) if db_url else default_db_url()
-    upgrade(url)
+    upgrade(url, on_repair=lambda what: echo(f"Repaired: {what}."))  # one line each, for scripts too
     console.print(f"Database {mask_password(url)} is at the current schema.", highlight=False)
 
 
