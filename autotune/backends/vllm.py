@@ -3,8 +3,8 @@
 Every measurement runs a fresh engine in its own process group through `autotune.engine` (the offline worker
 ``LLM.generate``, or ``vllm serve`` plus a streaming client in serve mode) with a timeout that kills the whole group,
 so engine memory is released and a crash cannot take the tuner down. Failures come back as
-``Measurement.failed(...)`` with a kind (invalid_config, out_of_memory, engine_died, timeout), a one-line reason and
-the engine log's tail. This module only checks configs, builds the job and turns the engine's report into a
+``Measurement.failed(...)`` with a kind (invalid_config, out_of_memory, engine_died, timeout, stalled), a one-line
+reason and the engine log's tail. This module only checks configs, builds the job and turns the engine's report into a
 `Measurement`.
 
 vLLM and torch are never imported here; only the engine processes import them.

@@ -133,9 +133,9 @@ def run_plugin_job(
     their engine arguments are already in ``engine_kwargs``).
     ``warmup``: phases of the same form run first and in no figure (`shape_warmup`, `plan_warmup`).
     ``plugin.stats_path`` is set to a file in the run directory (written in the step that leaves the engine idle).
-    Failures come back classified (invalid_config, out_of_memory, engine_died, timeout) as for the vllm backend; a
-    plugin that fell back is a failure too. ``turns``: the launch takes turns with another one, phase by phase
-    (`autotune.profiling._turns.Turns.to_job`).
+    Failures come back classified (invalid_config, out_of_memory, engine_died, timeout, stalled) as for the vllm
+    backend; a plugin that fell back is a failure too. ``turns``: the launch takes turns with another one, phase by
+    phase (`autotune.profiling._turns.Turns.to_job`).
     """
     options = EngineOptions.build(options, **engine_options)
     with run_directory(log_dir, "ptune-run-") as run_dir:

@@ -210,7 +210,7 @@ def profile(
         progress: called with one line per event (launch, phase marks, result).
 
     Returns one `ProfileResult` per drafter, in order; a failed launch gives ``ok=False`` with a failure kind
-    (invalid_config, out_of_memory, engine_died, timeout) and reason, never an exception.
+    (invalid_config, out_of_memory, engine_died, timeout, stalled) and reason, never an exception.
     Raises BackendUnavailableError without vLLM and ConfigError for invalid arguments.
     """
     require_vllm("Profiling runs a real engine and")
