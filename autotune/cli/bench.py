@@ -20,7 +20,7 @@ from autotune.selection import Criteria
 @click.option("--adaptive", is_flag=True,
               help="Serve through `peagle-tune serve` (the adaptive depth controller) instead of plain `vllm serve` "
                    "with the exported arguments.")
-@click.option("--workload-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+@click.option("--workload-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The workload file the search used, when its stored name is not a built-in (checked against the "
                    "stored content hash).")
 @click.option("--num-prompts", type=number("--num-prompts"), default=None,
@@ -69,6 +69,8 @@ def bench(
     from autotune.engine._process import free_port
     from autotune.export import serve_args
 
+    if not dry_run:
+        _require_benchmark()
     criteria = Criteria(model=canonical_model(model) if model else None, gpu=gpu, workload=workload,
                         objective=objective, concurrency=concurrency)
     store = open_store(db_url, writes=not dry_run, existing=True)
@@ -124,6 +126,8 @@ def _workload(rec: dict[str, Any], path: Path | None) -> Any:
     try:
         work = load_workload(spec)
     except UsageError as exc:
+        if path is not None:
+            raise
         raise UsageError(f"{exc} The search ran workload {name!r}: give its file with --workload-file.") from None
     if digest is None or work.content_hash() == digest:
         return work
@@ -133,6 +137,21 @@ def _workload(rec: dict[str, Any], path: Path | None) -> Any:
             return work.subset(n)
     raise UsageError(f"{spec} is not the workload recommendation #{rec['id']} was searched on (its content hash is "
                      f"{str(digest)[:12]}...): give that file with --workload-file.")
+
+
+def _require_benchmark() -> None:
+    """Refuse before any launch when ``vllm bench serve`` cannot read the workload: it needs vLLM, and pandas for
+    its custom dataset (``vllm/benchmarks/datasets/datasets.py`` 2454, vLLM's "bench" extra)."""
+    import importlib.util
+
+    from autotune.engine import require_vllm
+    from autotune.errors import BackendUnavailableError
+
+    require_vllm("peagle-tune bench")
+    if importlib.util.find_spec("pandas") is None:
+        raise BackendUnavailableError(
+            "peagle-tune bench needs pandas: `vllm bench serve` reads the workload as vLLM's custom dataset with it. "
+            "Install it with `pip install pandas` (or `pip install 'vllm[bench]'`).")
 
 
 def _cpu_memory_fraction() -> float | None:
