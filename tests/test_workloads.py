@@ -316,6 +316,7 @@ def test_unknown_spec_lists_the_samples_and_datasets(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- hf:<dataset> (offline datasets cache)
 
 
+@pytest.mark.slow  # vLLM's dataset loaders import vLLM
 def test_hf_mt_bench_reads_the_cached_dataset_with_vllms_loader(datasets_cache: Path) -> None:
     workload = load_workload("hf:mt-bench")
     rows = fixture_rows("philschmid/mt-bench")
@@ -330,6 +331,7 @@ def test_hf_mt_bench_reads_the_cached_dataset_with_vllms_loader(datasets_cache: 
     assert "MTBenchDataset" in workload.description
 
 
+@pytest.mark.slow  # vLLM's dataset loaders import vLLM
 def test_hf_options_and_repo_id_spelling(datasets_cache: Path) -> None:
     workload = load_workload("hf:philschmid/mt-bench,prompts=2,output-len=8")
     assert workload.name == "hf:mt-bench,prompts=2,output-len=8"
@@ -341,6 +343,7 @@ def test_hf_options_and_repo_id_spelling(datasets_cache: Path) -> None:
     assert line.startswith("Workload: hf:mt-bench,prompts=2,output-len=8: MT-Bench") and "output 8 tokens" in line
 
 
+@pytest.mark.slow  # vLLM's dataset loaders import vLLM
 @pytest.mark.parametrize(("spec", "repo", "field", "cls"), [
     ("hf:humaneval", "openai/openai_humaneval", "prompt", "code"),  # HumanEvalDataset (datasets.py:3529)
     ("hf:gsm8k", "openai/gsm8k", "question", "math"),  # GSM8KDataset (datasets.py:3589)
@@ -373,6 +376,7 @@ def test_hf_bad_spec_is_a_workload_error(spec: str, expected: str) -> None:
         load_workload(spec)
 
 
+@pytest.mark.slow  # vLLM's dataset loaders import vLLM
 def test_the_default_is_the_dataset_when_cached(datasets_cache: Path) -> None:
     workload, stood_in = resolve_workload(None, required=True)
     assert workload.name == DEFAULT_MEASURED == "hf:mt-bench" and stood_in is None
