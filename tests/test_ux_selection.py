@@ -202,7 +202,7 @@ def test_unknown_catalog_names_get_the_closest_ones(tmp_path: Path, args: list[s
 @pytest.mark.parametrize("kind", ["models", "drafters", "gpus", "workloads"])
 def test_list_fits_80_columns_and_every_name_is_one_the_commands_take(kind: str) -> None:
     from autotune.catalogs import get_drafter, get_gpu, resolve_model
-    from autotune.workloads import load_workload
+    from autotune.workloads import DATASETS, load_workload
 
     every = ["--all"] if kind == "drafters" else []  # hypothetical drafters too: the longest names
     text = ok("list", kind, *every).stdout
@@ -217,6 +217,9 @@ def test_list_fits_80_columns_and_every_name_is_one_the_commands_take(kind: str)
             assert get_drafter(row["name"]).name == row["id"]
         elif kind == "gpus":
             assert get_gpu(row["name"]).key == row["name"]
+        elif row["name"].startswith("hf:"):  # a dataset: its class (the count comes with loading it)
+            assert row["requests"] is None and isinstance(row["cached"], bool)
+            assert list(row["classes"]) == [DATASETS[row["name"].removeprefix("hf:")].workload_class]
         else:
             assert {c: len(r) for c, r in load_workload(row["name"]).classes.items()} == row["classes"]
 

@@ -392,3 +392,18 @@ def test_the_default_without_the_dataset(tmp_path: Path, monkeypatch: pytest.Mon
     assert workload.name == DEFAULT_PREDICTED == "sample-chat" and stood_in is not None
     assert default_note(stood_in, True).startswith("Measuring on sample-chat (12 sample prompts), not the default")
     assert default_note(stood_in, False).startswith("Predicting with the published MT-Bench acceptance")
+
+
+def test_list_workloads_names_the_datasets_and_whether_they_are_cached(datasets_cache: Path) -> None:
+    from click.testing import CliRunner
+
+    from autotune.cli import main
+
+    result = CliRunner().invoke(main, ["list", "workloads", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.stdout)["workloads"]}
+    assert [n for n in rows if n.startswith("hf:")] == [f"hf:{k}" for k in DATASETS]
+    # The offline cache holds all three (the parquet ones written with pyarrow).
+    assert all(rows[f"hf:{k}"]["cached"] for k in DATASETS)
+    assert rows["hf:mt-bench"]["source"] == "hf:philschmid/mt-bench" and rows["hf:mt-bench"]["output_tokens"] == 2048
+    assert rows["sample-chat"]["what"] == "sample prompts"

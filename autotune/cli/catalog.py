@@ -122,13 +122,22 @@ def _gpus() -> list[dict[str, Any]]:
 
 
 def _workloads() -> list[dict[str, Any]]:
-    from autotune.workloads import list_builtin_workloads, load_workload
+    """The benchmark datasets ``hf:<name>`` reads (whether cached; their size is known once they are), then the
+    samples shipped with peagle-tune."""
+    from autotune.workloads import DATASETS, list_builtin_workloads, load_workload
+    from autotune.workloads._datasets import dataset_cached
 
-    out = []
+    out: list[dict[str, Any]] = []
+    for d in DATASETS.values():
+        cached = dataset_cached(d)
+        out.append({"name": f"hf:{d.key}", "classes": {d.workload_class: None}, "requests": None,
+                    "source": f"hf:{d.repo_id}", "what": f"{d.title}, {'cached' if cached else 'not cached'}",
+                    "cached": cached, "output_tokens": d.output_len, "loader": f"vllm {d.loader}"})
     for name in list_builtin_workloads():
         workload = load_workload(name)
         classes = {c: len(requests) for c, requests in workload.classes.items()}
-        out.append({"name": name, "classes": classes, "requests": sum(classes.values()), "source": workload.source})
+        out.append({"name": name, "classes": classes, "requests": sum(classes.values()), "source": workload.source,
+                    "what": "sample prompts"})
     return out
 
 
@@ -173,9 +182,11 @@ def _view(kind: str, rows: list[dict[str, Any]], *, wide: bool) -> RenderableTyp
                           fmt(r["fp8_tflops"], ".0f"))
         return titled(f"GPUs ({len(rows)}); --gpu takes the key, the name or what nvidia-smi prints:", table,
                       "BF16, FP8: dense tensor-core TFLOPS (datasheet).")
-    cols = ["workload", "classes", "requests"]
+    cols = ["workload", "classes", "requests", "what"]
     table = plain_table(*cols, right={"requests"})
     for r in rows:
-        table.add_row(r["name"], ", ".join(f"{c} {n}" for c, n in r["classes"].items()), str(r["requests"]))
-    return titled(f"Built-in workloads ({len(rows)}); --workload also takes a .jsonl / ShareGPT .json file or "
-                  "hf:<dataset>:", table)
+        table.add_row(r["name"], ", ".join(f"{c} {n}" if n else c for c, n in r["classes"].items()),
+                      "-" if r["requests"] is None else str(r["requests"]), r["what"])
+    return titled(f"Workloads ({len(rows)}); --workload also takes a .jsonl / ShareGPT .json file:", table,
+                  "hf:NAME: the dataset vllm bench serve reads, from the Hugging Face cache (hf:NAME,prompts=N,"
+                  "output-len=M for fewer); sample-*: 12 prompts a class written for peagle-tune.")

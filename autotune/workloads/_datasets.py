@@ -12,6 +12,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,6 +124,26 @@ def dataset_files(spec: DatasetSpec, *, download: bool = True) -> list[Path]:
         raise WorkloadError(f"hf:{spec.key}: the cached {spec.repo_id} has no file matching {spec.files}; "
                             f"{_fetch_hint(spec)}.")
     return files
+
+
+def _hub_cache_dir() -> Path:
+    """The hub cache folder huggingface_hub uses (its constants where it is imported; else the same environment
+    variables read the same way), without importing it: `list workloads` stays light."""
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        return Path(hub.HF_HUB_CACHE)
+    env = os.environ
+    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+    return Path(env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or Path(home) / "hub")
+
+
+def dataset_cached(spec: DatasetSpec) -> bool:
+    """Whether a snapshot of the dataset in the Hugging Face cache holds its files (no network, no import)."""
+    snapshots = _hub_cache_dir() / ("datasets--" + spec.repo_id.replace("/", "--")) / "snapshots"
+    return snapshots.is_dir() and any(
+        fnmatch.fnmatch(p.relative_to(snap).as_posix(), spec.files)
+        for snap in snapshots.iterdir() if snap.is_dir() for p in snap.rglob("*") if p.is_file()
+    )
 
 
 def _rows(path: Path, spec: DatasetSpec) -> list[dict[str, Any]]:
