@@ -211,8 +211,14 @@ def entry(rec: Any) -> Entry:
 
 
 def _workload_names(workload: str) -> set[str]:
+    """The stored workload names `workload` (as typed) matches: a file by its name or stem, a sample by its name
+    or its old one (`SAMPLE_ALIASES`: searches stored before the rename carry the old)."""
+    from autotune.workloads import SAMPLE_ALIASES
+
     text = workload.strip().removeprefix("builtin:")
-    return {text, Path(text).stem, Path(text).name}
+    names = {text, Path(text).stem, Path(text).name}
+    return names | {SAMPLE_ALIASES[n] for n in names if n in SAMPLE_ALIASES} | {
+        old for old, new in SAMPLE_ALIASES.items() if new in names}
 
 
 def _objective_matches(given: str, label: str) -> bool:

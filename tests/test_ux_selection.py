@@ -310,6 +310,15 @@ def test_search_does_not_recommend_more_sequences_than_clients_for_nothing(tmp_p
 # ---------------------------------------------------------------------------------------------------- 80 columns
 
 
+def test_a_samples_old_name_selects_its_searches(db_one: str) -> None:
+    # Searched without --workload on the model backend: sample-chat; mt-bench (its old name) selects the same.
+    stored = [r["id"] for r in recs(db_one)]
+    for name in ("sample-chat", "mt-bench"):
+        shown = json.loads(ok("show", "--workload", name, "--json", "--db", db_one).stdout)["recommendations"]
+        assert [r["id"] for r in shown] == stored
+    assert ok("export", "--workload", "mt-bench", "--concurrency", "1", "--db", db_one).exit_code == 0
+
+
 @pytest.fixture(scope="module")
 def qwen_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     path = str(tmp_path_factory.mktemp("ux-selection") / "qwen.db")
