@@ -133,3 +133,24 @@ def test_bench_dry_run_prints_both_commands_and_refuses_a_workload_of_other_cont
                                         str(other), "--dry-run"])
     assert refused.exit_code == 2
     assert "is not the workload recommendation #1 was searched on" in refused.output
+
+
+def test_show_compare_takes_study_names_at_the_other_s_concurrency(tmp_path: Path) -> None:
+    db = str(tmp_path / "p.db")
+    with Store(db) as store:
+        ids = {}
+        for study, gpu in (("on-h100", "NVIDIA H100"), ("on-h200", "NVIDIA H200")):
+            for level in (1, 8):
+                ids[study, level] = store.add_recommendation(
+                    "./target", gpu=gpu, objective="throughput", best_config=BEST, scenario={"concurrency": level},
+                    metrics={"output_tokens_per_s": 100.0 * level}, study=study)
+    data = json.loads(CliRunner().invoke(main, ["--db", db, "show", "--compare", str(ids["on-h100", 1]), "on-h200",
+                                                "--json"]).output)
+    assert [r["id"] for r in data["compare"]["recommendations"]] == [ids["on-h100", 1], ids["on-h200", 1]]
+    assert data["compare"]["differs"] == ["GPU"]
+    both = json.loads(CliRunner().invoke(main, ["--db", db, "show", "--compare", "on-h100", "on-h200",
+                                                "--json"]).output)
+    # Neither names a concurrency: the first study's highest, then the second's at that concurrency.
+    assert [r["id"] for r in both["compare"]["recommendations"]] == [ids["on-h100", 8], ids["on-h200", 8]]
+    missing = CliRunner().invoke(main, ["--db", db, "show", "--compare", "1", "no-such-study"])
+    assert missing.exit_code == 3 and "neither a recommendation id nor a study" in missing.output
