@@ -59,7 +59,9 @@ def bench_view(recommendation: Mapping[str, Any], benchmarks: Sequence[Mapping[s
             title, table,
             f"Measured by {provenance_words(bench.get('provenance') or {})}; served by "
             f"{(bench.get('provenance') or {}).get('deployment', '?')}.",
-            f"{kind.capitalize()}: the recommendation's figure; error = ({kind} - measured) / measured.",
+            f"{kind.capitalize()}: the recommendation's figure; error = ({kind} - measured) / measured."
+            + (" The search sent each workload class as its own phase; vllm bench serve mixes them."
+               if kind == "searched" else ""),
             f"{int(failed)} requests failed." if isinstance(failed, int | float) and failed else None,
         ))
     return Group(*parts) if parts else Text(f"#{recommendation.get('id')}: no benchmark stored.")
