@@ -407,3 +407,51 @@ def test_list_workloads_names_the_datasets_and_whether_they_are_cached(datasets_
     assert all(rows[f"hf:{k}"]["cached"] for k in DATASETS)
     assert rows["hf:mt-bench"]["source"] == "hf:philschmid/mt-bench" and rows["hf:mt-bench"]["output_tokens"] == 2048
     assert rows["sample-chat"]["what"] == "sample prompts"
+
+
+# ---------------------------------------------------------------- spec-bench:, speed-bench: (local files, as vLLM)
+
+SPEC_BENCH = Path(__file__).resolve().parent / "fixtures" / "datasets" / "spec-bench" / "question.jsonl"
+SPEED_BENCH = SPEC_BENCH.parent.parent / "speed-bench"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow  # vLLM's dataset loaders import vLLM
+def test_spec_bench_categories_are_classes_of_their_first_turns() -> None:
+    workload = load_workload(f"spec-bench:{SPEC_BENCH}")
+    rows = _rows(SPEC_BENCH)
+    # SpecBench.load_data (datasets.py:2972-2973) keeps each row's first turn, under its category.
+    expected: dict[str, list[str]] = {}
+    for row in rows:
+        expected.setdefault(row["category"], []).append(row["turns"][0])
+    assert {c: [r.messages[0]["content"] for r in reqs] for c, reqs in workload.classes.items()} == expected  # type: ignore[index]
+    # No published Spec-Bench figure to match: vllm bench serve's default output length (--spec-bench-output-len 256).
+    assert {r.max_tokens for _, r in workload.requests()} == {256}
+    one = load_workload(f"spec-bench:{SPEC_BENCH},category=writing,prompts=1,output-len=16")
+    assert one.class_names == ["writing"] and len(one) == 1 and one.requests()[0][1].max_tokens == 16
+
+
+@pytest.mark.slow
+def test_speed_bench_reads_the_prepared_subset_with_the_published_output_length() -> None:
+    workload = load_workload(f"speed-bench:{SPEED_BENCH},prompts=1")
+    rows = _rows(SPEED_BENCH / "qualitative.jsonl")  # the subset vLLM reads by default
+    firsts = {c: next(r["messages"][0]["content"] for r in rows if r["category"] == c)
+              for c in ("coding", "summarization")}
+    assert {c: [r.messages[0]["content"] for r in reqs] for c, reqs in workload.classes.items()} == {  # type: ignore[index]
+        c: [text] for c, text in firsts.items()
+    }
+    # The vLLM P-EAGLE blog's SPEED-Bench acceptance was measured with 2048 output tokens.
+    assert {r.max_tokens for _, r in workload.requests()} == {2048} and "SPEED-Bench" in workload.description
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("spec-bench:/no/such/question.jsonl", "no such file; give the path of Spec-Bench's question.jsonl"),
+    (f"spec-bench:{SPEC_BENCH},subset=x", "'subset=x' is not an option"),
+    (f"speed-bench:{SPEED_BENCH},subset=throughput_1k", "throughput_1k.jsonl: no such file"),
+])
+def test_local_dataset_errors_are_one_line(spec: str, expected: str) -> None:
+    with pytest.raises(WorkloadError, match=re.escape(expected)):
+        load_workload(spec)

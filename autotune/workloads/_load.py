@@ -118,12 +118,16 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
       request of class "sharegpt";
     - ``hf:<dataset>[,prompts=N][,output-len=M]``: a benchmark dataset as `vllm bench serve` reads it
       (`autotune.workloads._datasets.DATASETS`: hf:mt-bench, hf:humaneval, hf:gsm8k, or their repo ids), from the
-      Hugging Face cache, downloaded first when `download` and the hub is not offline.
+      Hugging Face cache, downloaded first when `download` and the hub is not offline;
+    - ``spec-bench:<question.jsonl>``, ``speed-bench:<dir>`` (``,category=C,prompts=N,output-len=M``; SPEED-Bench
+      also ``,subset=S``): the benchmarks vLLM reads from local files, each category a class
+      (`autotune.workloads._local_datasets`).
 
     An existing file wins over a sample of the same name. `max_per_class` keeps the first N requests of each
     class. Malformed input raises WorkloadError ``<file>:<line>: <what is wrong>; expected ...``.
     """
     from autotune.workloads._datasets import DATASETS, load_dataset_workload
+    from autotune.workloads._local_datasets import LOCAL_DATASETS, load_local_dataset
 
     if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
         raise WorkloadError(f"max_per_class must be an integer >= 1 (or None for all), but got {max_per_class!r}.")
@@ -131,8 +135,13 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
     path = Path(text).expanduser()
     builtins = list_builtin_workloads()
     name = text.removeprefix("builtin:")
+    prefix, _, rest = text.partition(":")
     if text.startswith("hf:"):
         workload = load_dataset_workload(text.removeprefix("hf:"), download=download)
+    elif prefix in LOCAL_DATASETS and not path.is_file():
+        local = load_local_dataset(prefix, rest)
+        checked = _build(local.name, local.source, local.requests())  # the class count a policy can serve
+        workload = Workload(local.name, checked.classes, local.source, local.description)
     elif path.is_file():
         workload = _load_file(path)
     elif name in builtins:
@@ -144,7 +153,7 @@ def load_workload(spec: str | os.PathLike[str], *, max_per_class: int | None = N
     elif path.exists():
         raise WorkloadError(f"{path}: is not a regular file; expected a JSONL or ShareGPT JSON file")
     else:
-        datasets = [f"hf:{d}" for d in DATASETS]
+        datasets = [f"hf:{d}" for d in DATASETS] + [f"{d}:PATH" for d in LOCAL_DATASETS]
         near = did_you_mean(name, builtins + datasets + list(SAMPLE_ALIASES))
         raise WorkloadError(
             f"no workload {text!r}: {near}it is not a dataset "
