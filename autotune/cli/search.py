@@ -43,9 +43,10 @@ if TYPE_CHECKING:
 @click.option(
     "--workload", default=None, callback=name_callback("--workload"),
     help="hf:mt-bench, hf:humaneval or hf:gsm8k (the dataset vllm bench serve reads, from the Hugging Face cache; "
-    "add ,prompts=N,output-len=M), a sample (sample-chat, sample-code, sample-math, sample-mixed: 12 prompts a "
-    "class) or a .jsonl/.json file. Default: hf:mt-bench where vLLM measures; the model backend predicts for "
-    "sample-chat's lengths unless hf:mt-bench is cached.",
+    "add ,prompts=N,output-len=M), spec-bench:FILE or speed-bench:DIR (categories as classes), a sample "
+    "(sample-chat, sample-code, sample-math, sample-mixed: 12 prompts a class) or a .jsonl/.json file. Default: "
+    "hf:mt-bench where vLLM measures; the model backend predicts for sample-chat's lengths unless hf:mt-bench is "
+    "cached. See docs/workloads.md.",
 )
 @click.option("--concurrency", type=numbers("--concurrency"), default="1,8,64", show_default=True,
               help="Comma-separated concurrencies to tune for.")
