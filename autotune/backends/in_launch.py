@@ -196,10 +196,14 @@ class InLaunchBackend(Backend):
         """A fresh launch of exactly `config`, unless its figure already came from one set up that way: a config
         measured fresh, or no speculation (its launch differs from a fresh one in max_num_seqs, which does not bind
         in a closed loop, and in the scheduler plugin, which only records step times there)."""
-        if not config.speculative or not self.in_launch(config, workload, scenario):
+        if not self.needs_confirmation(config, workload, scenario):
             return None
         self.say(f"confirming {config.label()} at concurrency {scenario.concurrency} with a fresh launch")
         return self._fresh(config, workload, scenario)
+
+    def needs_confirmation(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> bool:
+        """Whether `confirm` launches: a speculative config whose figure came from its drafter's launch."""
+        return config.speculative and self.in_launch(config, workload, scenario)
 
     # -- launches ----------------------------------------------------------------------------------------------
     def _fresh(self, config: SpecConfig, workload: Workload, scenario: Scenario) -> Measurement:

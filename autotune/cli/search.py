@@ -117,6 +117,12 @@ if TYPE_CHECKING:
 @click.option("--tensor-parallel-size", "tensor_parallel_size", type=number("--tensor-parallel-size"), default=1,
               show_default=True, help="GPUs to split the target over (vLLM's --tensor-parallel-size); kept in every "
               "config, so exports carry it.")
+@click.option("--gpus", default=None, metavar="IDS",
+              help="GPU ids to search on (0,1,2 or 0-7; default: every GPU NVML finds): one worker per "
+              "--tensor-parallel-size of them, running launches in parallel. With no GPU here, the box --plan shows.")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Print what the run will do (checkpoints and downloads, launches and the GPUs that run them, "
+              "estimated time and GPU-hours) and exit without launching anything.")
 @click.option("--no-download", is_flag=True,
               help="Never download a checkpoint from the Hugging Face hub: refuse (--backend vllm) or predict instead.")
 @catalog_option
@@ -152,6 +158,8 @@ def search(
     heartbeat: int,
     seed: int,
     tensor_parallel_size: int,
+    gpus: str | None,
+    plan_only: bool,
     no_download: bool,
     fresh_launches: bool,
     wide: bool,
@@ -177,6 +185,7 @@ def search(
       peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
     """
     from autotune.search import SearchOptions, plan_search, space_from_options
+    from autotune.search.plan import parse_gpus
 
     space = space_from_options(
         drafters=list(drafters) or None,
@@ -208,24 +217,56 @@ def search(
         fresh_launches=fresh_launches,
         tensor_parallel_size=tensor_parallel_size,
         no_download=no_download,
+        gpus=parse_gpus(gpus) if gpus is not None else None,
     )
-    store = open_store(db_url, writes=True)
+    store = open_store(db_url, writes=not plan_only)
     out = err_console if as_json else console
     plan = plan_search(store, options)
+    if plan_only:
+        _print_plan(plan, as_json)
+        return
     for note in plan.notes:
         say(out, note, style="bold")
+    if plan.run_plan is not None and plan.backend.capabilities.launches_engines:
+        for line in plan.run_plan.lines():
+            say(out, line)
     run = plan.run(lambda search, scenario: _with_progress(search, scenario, out, live=not as_json))
     if as_json:
         sys.stdout.write(json.dumps(run_dict(run), indent=2, default=str) + "\n")
         sys.stdout.flush()
     else:
         print_results(run, wide_console() if wide else console, store, wide=wide)
+    if run.run_plan is not None and run.launches_engines and run.wall_s is not None:
+        say(out, f"Time: took {_minutes(run.wall_s)}, planned ~{_minutes(run.run_plan.wall_s)} (estimate).")
     warning = infeasible_warning(run)
     if warning is None:
         return
     if len(run.infeasible) == len(run.results):  # nothing stored: the search failed
         raise click.ClickException(warning)
     echo(f"Warning: {warning}", err=True)  # the other concurrencies' recommendations were stored: exit 0
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def _print_plan(plan: Any, as_json: bool) -> None:
+    """`search --plan`: the notes and the plan of a measured run (`autotune.search.plan.RunPlan`); nothing runs."""
+    run_plan = plan.run_plan
+    if as_json:
+        doc = {"model": plan.model, "workload": plan.workload.name, "backend": plan.backend.name,
+               "notes": plan.notes, "plan": run_plan.to_dict() if run_plan is not None else None}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    for note in plan.notes:
+        say(console, note, style="bold")
+    if run_plan is None:
+        say(console, "Plan: no engine launches (configs outside a drafter's launch, or --fresh-launches: one each).")
+        return
+    if not plan.backend.capabilities.launches_engines:
+        say(console, f"Plan of a measured search (--backend vllm) on {run_plan.device}; this run would predict.")
+    for line in run_plan.lines():
+        say(console, line)
 
 
 def infeasible_warning(run: SearchRun) -> str | None:
@@ -496,6 +537,8 @@ def run_dict(run: SearchRun) -> dict[str, Any]:
         "notes": run.notes,
         "engine_launches": sum(r.engine_launches for r in run.results) if run.launches_engines else 0,
         "planned_launches": run.planned_launches,
+        "plan": run.run_plan.to_dict() if run.run_plan is not None else None,
+        "wall_s": round(run.wall_s, 1) if run.wall_s is not None else None,
         "scenarios": [result_dict(r, run.launches_engines) for r in run.results],
         "warnings": [{"concurrency": r.scenario.concurrency, "message": "no config met the SLOs; nothing was "
                       "recommended at this concurrency"} for r in run.infeasible],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +29,13 @@ from autotune.search.machine import (
     choose_backend,
     drafter_spec,
     fetch,
-    launch_estimate,
     resolve_drafters,
     resolve_target,
     token_counter,
     workload_max_model_len,
 )
 from autotune.search.objective import Objective
+from autotune.search.plan import RunPlan, catalog_rows, checkpoint_rows, launch_units, worker_groups
 from autotune.search.registry import make_strategy
 from autotune.search.result import ScenarioResult
 from autotune.search.space import DrafterChoice, SearchSpace, SpaceSpec, load_space_file
@@ -90,6 +91,9 @@ class SearchOptions:
     model backend predicts for that many GPUs."""
     no_download: bool = False
     """Never download a checkpoint: a search that would needs one refuses (--backend vllm) or predicts (auto)."""
+    gpus: list[str] | None = None
+    """Device ids the search may use (--gpus; None: every GPU NVML finds), one worker per --tensor-parallel-size of
+    them. Where NVML finds none (predicting, or vLLM's CPU build) they stand for the box the plan is for."""
 
 
 @dataclass
@@ -111,6 +115,9 @@ class SearchRun:
     """In-launch measurement: the engine launches the plan counted, at most (`SearchPlan.planned_launches`)."""
     workload_detail: dict[str, Any] | None = None
     """`SearchPlan.workload_detail`."""
+    run_plan: RunPlan | None = None
+    wall_s: float | None = None
+    """Seconds the run took, downloads included (to put beside `run_plan.wall_s`)."""
 
     @property
     def infeasible(self) -> list[ScenarioResult]:
@@ -138,6 +145,11 @@ class SearchPlan:
     """In-launch measurement: the engine launches planned, at most: ``in_launch`` (one per drafter and drafting
     mode, and one without speculation), ``confirmation`` (one per concurrency), ``confirmation_graphs`` (what FULL
     CUDA graphs add: `autotune.search.confirm`), ``own`` (configs outside a drafter's launch), ``total``."""
+    run_plan: RunPlan | None = None
+    """The launches of a measured search, where they run and how long they take (`autotune.search.plan`); with the
+    model backend, those of a measured search on the box of --gpu and --gpus."""
+    options: SearchOptions | None = None
+    """What the plan was made from (worker processes of a parallel search plan it again)."""
     workload_detail: dict[str, Any] | None = None
     """The workload as every output names it (`autotune.workloads.Workload.summary`): dataset, prompts, input and
     output lengths in tokens."""
@@ -145,17 +157,28 @@ class SearchPlan:
     def run(self, run_scenario: ScenarioRunner | None = None) -> SearchRun:
         """Download what the engines need (unless --no-download), then search every scenario in order and store
         each feasible result as a recommendation."""
+        start = time.monotonic()
         if self.checkpoints is not None:
             fetch(self.checkpoints, self.no_download)
+        parallel = None
+        if self.options is not None and self.run_plan is not None and len(self.run_plan.groups) > 1 \
+                and self.backend.capabilities.launches_engines and self.planned_launches is not None:
+            from autotune.search.workers import run_parallel
+
+            parallel = run_parallel(self, self.options, run_scenario)
         results: list[ScenarioResult] = []
-        for search, scenario in self.searches:
-            result = run_scenario(search, scenario) if run_scenario else search.run_scenario(scenario)
+        for i, (search, scenario) in enumerate(self.searches):
+            if parallel is not None:
+                result = parallel[i]
+            else:
+                result = run_scenario(search, scenario) if run_scenario else search.run_scenario(scenario)
             if not _report_stored(search, result, self.environment):
                 search.recommend(result, self.environment)
             results.append(result)
         return SearchRun(results, self.model, self.workload.name, self.device, self.backend.name, self.objective,
                          self.strategy.name, self.notes, self.backend.capabilities.launches_engines,
-                         self.planned_launches, workload_detail=self.workload_detail)
+                         self.planned_launches, workload_detail=self.workload_detail, run_plan=self.run_plan,
+                         wall_s=time.monotonic() - start)
 
 
 def _comparable(value: Any) -> Any:
@@ -500,8 +523,7 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     if in_launch:
         backend, planned = _in_launch(backend, spaces, scenarios, workload, notes)
         all_in_launch = planned["own"] == 0
-        assert found is not None
-        notes.append(f"Time: {launch_estimate(planned['total'], found, environment['gpu_count'] > 0)}.")
+    run_plan = _run_plan(options, kind, spec, backend, found, gpus, spec_space, specs, workload, planned)
     strategy = make_strategy(resolve_strategy(options.strategy, kind, options.sampler, all_in_launch),
                              options.sampler)
     hypothetical = [d.name for d in drafters if d.hypothetical]
@@ -537,8 +559,69 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
         for scenario, space in zip(scenarios, spaces, strict=True)
     ]
     return SearchPlan(spec.name, workload, environment["device"], backend, objective, strategy, notes, environment,
-                      searches, found if kind == "vllm" else None, options.no_download, planned,
-                      workload_detail=workload_detail)
+                      searches, found if kind == "vllm" else None, options.no_download, planned, run_plan,
+                      options=options, workload_detail=workload_detail)
+
+
+def _run_plan(options: SearchOptions, kind: str, spec: Any, backend: Backend, found: Checkpoints | None,
+              gpus: list[dict[str, Any]], spec_space: SpaceSpec, specs: list[Any], workload: Workload,
+              planned: dict[str, int] | None) -> RunPlan | None:
+    """The `RunPlan` of a measured search: this machine's (vllm), or the box of --gpu x --gpus (model backend:
+    its published drafters, checkpoint sizes from the catalog, phases at the predicted throughput)."""
+    from autotune.backends.model import ModelBackend
+    from autotune.catalogs import get_gpu
+    from autotune.errors import PeagleError
+    from autotune.search.confirm import extra_confirmation_launches
+
+    tp = options.tensor_parallel_size
+    found_ids = [str(g["index"]) for g in gpus]
+    unknown = [i for i in options.gpus or [] if found_ids and i not in found_ids]
+    if unknown:
+        raise UsageError(f"--gpus {','.join(unknown)}: NVML finds GPUs {', '.join(found_ids)}; pick among those.")
+    groups, idle = worker_groups(options.gpus or found_ids or [str(i) for i in range(tp)], tp)
+    if kind == "model":  # a measured search measures the drafters the model backend cannot predict too
+        specs = _drafter_specs(spec, spec_space.drafters, include_hypothetical=False)
+    published = [d for d in specs if d.published]
+    spaces = [build_space(spec_space, [_choice(d) for d in published], c, True, tp) for c in options.concurrencies]
+    scenarios = [_scenario("vllm", c, workload) for c in options.concurrencies]
+    predictor: Any = backend if isinstance(backend, ModelBackend) else None
+    if kind == "vllm":
+        assert found is not None and planned is not None
+        rows = checkpoint_rows(found)
+        sizes: dict[str | None, float] = {None: found.target.weight_bytes or 0}
+        sizes.update({n: c.weight_bytes or 0 for n, c in found.drafters.items()})
+        confirmations = planned["confirmation"] + planned["confirmation_graphs"]
+        if gpus:
+            try:
+                predictor = ModelBackend(spec, get_gpu(str(gpus[0]["name"])), tp=tp)
+            except PeagleError:
+                predictor = None
+        device = f"{len(gpus)} x {gpus[0]['name']}" if gpus else "CPU"
+    else:
+        assert isinstance(backend, ModelBackend)
+        rows = catalog_rows(spec, published, backend.params)
+        sizes = {None: rows[0]["weight_bytes"]}
+        sizes.update({r["name"]: r["weight_bytes"] for r in rows[1:]})
+        below = [sum(1 for c in sp.grid() if c.speculative and c.k < sp.k_max) for sp in spaces]
+        confirmations = len(scenarios) + extra_confirmation_launches("FULL_AND_PIECEWISE", below)
+        device = f"{sum(map(len, groups)) + len(idle)} x {backend.base_gpu.display_name}"
+
+    def predict(config: SpecConfig, scenario: Scenario) -> float | None:
+        """Predicted tokens/s; a drafter without published acceptance at no speculation's (an upper bound on time)."""
+        for c in (config, SpecConfig(max_num_seqs=config.max_num_seqs, tensor_parallel_size=tp)):
+            try:
+                m = predictor.measure(c, workload, scenario) if predictor else None
+            except PeagleError:
+                continue
+            if m is not None and m.ok and m.output_tokens_per_s:
+                return m.output_tokens_per_s
+        return None
+
+    on_gpu = bool(gpus) or kind == "model"
+    units = launch_units(spaces, scenarios, workload, sizes, on_gpu, confirmations, predict)
+    source = (f"the model backend's predicted throughput ({predictor.device}; no speculation's for a drafter "
+              "without published acceptance)") if predictor is not None else None
+    return RunPlan(device, groups, idle, on_gpu, rows, units, source)
 
 
 def run_search(store: Store, options: SearchOptions, run_scenario: ScenarioRunner | None = None) -> SearchRun:
