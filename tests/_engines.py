@@ -33,19 +33,20 @@ class EnginePool:
         self._root = root
         self._runs: dict[str, Measurement] = {}
 
-    def measure(self, mode: str, config: SpecConfig, workload: Workload, scenario: Scenario,
+    def measure(self, mode: str, config: SpecConfig, workload: Workload, scenario: Scenario, target: str = "target",
                 **backend: Any) -> Measurement:
-        key = json.dumps([mode, dataclasses.asdict(config), workload.content_hash(), dataclasses.asdict(scenario),
-                          backend], sort_keys=True, default=str)
+        key = json.dumps([mode, target, dataclasses.asdict(config), workload.content_hash(),
+                          dataclasses.asdict(scenario), backend], sort_keys=True, default=str)
         if key not in self._runs:
             log_dir = self._root / f"run{len(self._runs)}-{mode}"
-            engine = VLLMBackend(str(MODELS / "target"), mode=mode, log_dir=log_dir, **backend)
+            engine = VLLMBackend(str(MODELS / target), mode=mode, log_dir=log_dir, **backend)
             self._runs[key] = engine.measure(config, workload, scenario)
         return self._runs[key]
 
 
 # ------------------------------------------------------------------------------------------- shared runs
 CHAT_K = 3
+EAGLE3_K = 3
 
 
 def needs(*names: str) -> None:
@@ -80,3 +81,16 @@ def chat_run(pool: EnginePool, mode: str) -> tuple[Workload, Measurement]:
                      return_outputs=True, engine_extra={"enforce_eager": True},
                      env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     return workload, m
+
+
+def eagle3_run(pool: EnginePool) -> Measurement:
+    """The P-EAGLE path: eagle3 + parallel drafting at K=3 on the 8-layer config-only target with dummy weights
+    (EAGLE-3 taps target layers 2, L/2 and L-3: eight layers keep them distinct), 2 requests per class at
+    concurrency 2. Random weights: acceptance means nothing, only drafting is asserted. Read by
+    tests/test_vllm_backend_offline.py and tests/test_fixtures_acceptance.py."""
+    needs("target-deep", "eagle3-head")
+    config = SpecConfig(method="eagle3", drafter=str(MODELS / "eagle3-head"), num_speculative_tokens=EAGLE3_K,
+                        parallel_drafting=True, max_num_seqs=2)
+    return pool.measure("offline", config, load_workload(WORKLOAD, max_per_class=2), Scenario(concurrency=2),
+                        target="target-deep", load_format="dummy", dtype="float32", timeout_s=600.0,
+                        warmup_requests=2, engine_extra={"enforce_eager": True}, env={"VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -1,7 +1,7 @@
 """The vllm backend on a real engine (offline mode, CPU build here) with the tiny trained fixtures.
 
-Three engine launches in all (~30-45 s each on a 2-core box): no speculation, draft_model + parallel drafting
-(PARD) and eagle3 + parallel drafting (P-EAGLE, config-only checkpoints with load_format="dummy").
+Two engine launches here (~30-45 s each on a 2-core box): no speculation and draft_model + parallel drafting (PARD);
+eagle3 + parallel drafting (P-EAGLE, config-only checkpoints with load_format="dummy") is the engine pool's run.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from _engines import EAGLE3_K, EnginePool, eagle3_run
 
 from autotune.backends.vllm import VLLMBackend, vllm_available
 from autotune.environment import detect_environment
@@ -114,17 +115,8 @@ def test_greedy_outputs_with_speculation_equal_those_without(pard_runs: tuple[Me
         assert all(o["token_ids"] for o in outs)
 
 
-def test_eagle3_parallel_drafting_runs_and_reports_drafts(workload: Workload) -> None:
-    # EAGLE-3 taps target layers (2, L/2, L-3): the 8-layer config-only target keeps them distinct.
-    backend = VLLMBackend(str(fixture_path("target-deep")), load_format="dummy", **ENGINE)  # type: ignore[arg-type]
-    config = SpecConfig(
-        method="eagle3",
-        drafter=str(fixture_path("eagle3-head")),
-        num_speculative_tokens=K,
-        parallel_drafting=True,
-        max_num_seqs=2,
-    )
-    m = _ok(backend.measure(config, workload.subset(2), Scenario(concurrency=2)))
+def test_eagle3_parallel_drafting_runs_and_reports_drafts(engine_pool: EnginePool) -> None:
+    m = _ok(eagle3_run(engine_pool))  # the engine pool's run (tests/_engines.py), read by the fixture check too
     assert m.spec is not None and m.spec.num_drafts > 0
-    assert m.spec.num_draft_tokens == K * m.spec.num_drafts
+    assert m.spec.num_draft_tokens == EAGLE3_K * m.spec.num_drafts
     assert m.output_tokens_per_s is not None and m.output_tokens_per_s > 0
