@@ -151,15 +151,18 @@ def use_hub_cache(monkeypatch: pytest.MonkeyPatch, root: Path, *, offline: bool 
     """Point huggingface_hub at ``<root>/hub`` (HF_HOME=root) with HF_HUB_OFFLINE, here and in subprocesses.
 
     huggingface_hub reads HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE into `huggingface_hub.constants` when first
-    imported, so the constants are patched as well as the environment."""
+    imported, so the constants are patched as well as the environment. It is imported before the environment
+    changes: imported first under the patched environment, its constants would keep the cache after the test."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        constants = None
     monkeypatch.setenv("HF_HOME", str(root))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    try:
-        from huggingface_hub import constants
-    except ImportError:
+    if constants is None:
         return
     monkeypatch.setattr(constants, "HF_HOME", str(root))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(Path(root) / "hub"))
