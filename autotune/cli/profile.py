@@ -27,7 +27,9 @@ from autotune.cli._common import (
 @click.option("--drafter", "drafters", multiple=True, required=True, callback=name_callback("--drafter"),
               help="Drafter id or local path (repeatable).")
 @click.option("--workload", required=True, callback=name_callback("--workload"),
-              help="Built-in workload name or a .jsonl/.json file (classes per record).")
+              help="hf:mt-bench, hf:humaneval or hf:gsm8k (the dataset vllm bench serve reads; add ,prompts=N,"
+              "output-len=M), spec-bench:FILE or speed-bench:DIR (categories as classes), a sample (sample-chat, ...) "
+              "or a .jsonl/.json file (classes per record). See docs/workloads.md.")
 @click.option("--concurrency", type=numbers("--concurrency"), default="1,4,16", show_default=True,
               help="Concurrencies, one phase each.")
 @click.option("--max-k", type=number("--max-k"), default=8, show_default=True,
@@ -98,8 +100,8 @@ def profile(
 
     \b
     Example:
-      peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l --workload mixed --max-k 8
-      peagle-tune profile --model ./target --drafter ./drafter-1l --workload mixed --concurrency 1,8 --baseline --json
+      peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l --workload sample-mixed --max-k 8
+      peagle-tune profile --model ./target --drafter ./drafter-1l --workload sample-mixed --concurrency 1,8 --baseline --json
     """
     from autotune.cli._progress import launch_progress
     from autotune.profiling import profile as run_profile
