@@ -468,7 +468,8 @@ def plan_search(store: Store, options: SearchOptions) -> SearchPlan:
     has_vllm = vllm_available()
     measuring = options.backend != "model" and has_vllm
     spec, target, problem = resolve_target(options.model, want_checkpoint=measuring)
-    workload, stood_in = resolve_workload(options.workload, required=options.backend == "vllm",
+    # The dataset is required where vLLM will measure by name; without vLLM the backend's own error comes first.
+    workload, stood_in = resolve_workload(options.workload, required=options.backend == "vllm" and has_vllm,
                                           download=not options.no_download)
     notes: list[str] = []
     found, memory, max_model_len, counted = None, None, None, False
