@@ -4,7 +4,7 @@ The repo's data files come through huggingface_hub (the cache checkpoints use; o
 their rows go to vLLM's own loader (`vllm/benchmarks/datasets/datasets.py`: MTBenchDataset:3467, HumanEvalDataset:
 3529, GSM8KDataset:3589), whose `sample` builds the prompts as `vllm bench serve` does; vLLM's
 `HuggingFaceDataset.load_data` (:3118) would call the `datasets` package, which the rows replace. Without vLLM the
-same field is read (the loader's line is cited). Output lengths are those of the published figures compared with.
+field the loader reads is read (`DatasetSpec.field`). Output lengths are those of the published figures compared with.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _rows(path: Path, spec: DatasetSpec) -> list[dict[str, Any]]:
     return out
 
 
-class _Lengths:
+class PromptLengths:
     """What vLLM's loaders ask of a tokenizer with ``skip_chat_template``: ``tokenizer(text).input_ids``, only for
     `SampleRequest.prompt_len`, which is not used here (input lengths are counted with the target's tokenizer,
     `describe_lengths`); the chat template is applied where the request is served (`WorkloadRequest.is_chat`)."""
@@ -190,7 +190,7 @@ def _vllm_prompts(spec: DatasetSpec, rows: list[dict[str, Any]], n: int,
             self.data = rows
 
     loader = FromRows(dataset_path=spec.repo_id, dataset_split="test", disable_shuffle=True)
-    samples = loader.sample(_Lengths(), n, output_len=output_len, skip_chat_template=True, no_oversample=True)
+    samples = loader.sample(PromptLengths(), n, output_len=output_len, skip_chat_template=True, no_oversample=True)
     return [(str(s.prompt), int(s.expected_output_len)) for s in samples]
 
 

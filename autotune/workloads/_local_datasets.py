@@ -99,7 +99,7 @@ def _sample(dataset: LocalDataset, prompts: list[str], n: int, output_len: int) 
         from vllm.benchmarks.datasets import datasets as vllm_datasets
     except ImportError:
         return [(p, output_len) for p in prompts[:n]]
-    from autotune.workloads._datasets import _Lengths
+    from autotune.workloads._datasets import PromptLengths
 
     base = getattr(vllm_datasets, dataset.loader)
 
@@ -108,7 +108,7 @@ def _sample(dataset: LocalDataset, prompts: list[str], n: int, output_len: int) 
             self.data = [{"prompt": p} for p in prompts]
 
     loader = FromRows(dataset_path="rows", disable_shuffle=True)
-    samples = loader.sample(_Lengths(), n, output_len=output_len, skip_chat_template=True, no_oversample=True)
+    samples = loader.sample(PromptLengths(), n, output_len=output_len, skip_chat_template=True, no_oversample=True)
     return [(str(s.prompt), int(s.expected_output_len)) for s in samples]
 
 
