@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -455,3 +456,11 @@ def test_speed_bench_reads_the_prepared_subset_with_the_published_output_length(
 def test_local_dataset_errors_are_one_line(spec: str, expected: str) -> None:
     with pytest.raises(WorkloadError, match=re.escape(expected)):
         load_workload(spec)
+
+
+def test_without_vllm_the_field_its_loader_reads_is_read(datasets_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm.benchmarks.datasets", None)  # `import` raises ImportError: no vLLM
+    workload = load_workload("hf:mt-bench,prompts=3")
+    turns = [row["turns"][0] for row in fixture_rows("philschmid/mt-bench")[:3]]  # type: ignore[index]
+    assert [r.messages[0]["content"] for r in workload.classes["chat"]] == turns  # type: ignore[index]
+    assert "the field 'turns' vLLM's MTBenchDataset reads" in workload.description
