@@ -182,6 +182,7 @@ def search(
       peagle-tune search --model gpt-oss-120b --objective goodput --slo-tpot-p99 12 --json
       peagle-tune search --model gpt-oss-120b --objective pareto --strategy grid --concurrency 64
       peagle-tune search --model gpt-oss-120b --study fleet --storage postgresql://user@host/peagle
+      peagle-tune search --model gpt-oss-120b --gpu h100 --gpus 0-7 --tensor-parallel-size 2 --plan
       peagle-tune search --model ./target --drafter ./drafter --strategy model-guided --concurrency 1,8
     """
     from autotune.search import SearchOptions, plan_search, space_from_options

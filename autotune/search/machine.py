@@ -213,17 +213,3 @@ def fetch(found: Checkpoints, no_download: bool, say: Any = None) -> Checkpoints
 
     return Checkpoints(done(found.target), {n: done(c) for n, c in found.drafters.items()}, found.problem)
 
-
-def launch_estimate(launches: int, found: Checkpoints, on_gpu: bool) -> str:
-    """A rough wall-time estimate of `launches` engine launches, labelled with what it assumes."""
-    weights = sum(c.weight_bytes or 0 for c in found.all)
-    if on_gpu:
-        # Assumed: weights read at ~1 GB/s from local disk, plus ~90 s of compile and CUDA-graph capture.
-        per = 90 + weights / 1e9
-        basis = "~90 s of compile and graph capture plus ~1 GB/s of weights per launch"
-    else:
-        per = 40 + weights / 0.5e9
-        basis = "~40 s per launch on a CPU, plus ~0.5 GB/s of weights"
-    minutes = launches * per / 60
-    return f"about {max(1, round(minutes))} min of engine start-up ({basis}; assumed), plus the measured phases"
-

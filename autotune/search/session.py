@@ -574,6 +574,8 @@ def _run_plan(options: SearchOptions, kind: str, spec: Any, backend: Backend, fo
     from autotune.errors import PeagleError
     from autotune.search.confirm import extra_confirmation_launches
 
+    if kind == "vllm" and planned is None:
+        return None  # --fresh-launches: one launch per config, as many as the strategy's trials
     tp = options.tensor_parallel_size
     found_ids = [str(g["index"]) for g in gpus]
     unknown = [i for i in options.gpus or [] if found_ids and i not in found_ids]

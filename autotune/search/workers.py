@@ -53,6 +53,7 @@ class LaunchQueue:
             raise UsageError("Several workers share a search through its database: pass --db FILE (or --storage URL), "
                              "not an in-memory database.")
         self.url, self.name, self.heartbeat_s = url, name, heartbeat_s
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.storage = open_storage(url, heartbeat_s)
         with ClaimLock(url, name):
             study = optuna.create_study(study_name=name, storage=self.storage, load_if_exists=True)
