@@ -44,14 +44,6 @@ def engine_pool(tmp_path_factory: pytest.TempPathFactory) -> EnginePool:
     return EnginePool(tmp_path_factory.mktemp("engine-pool"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Under pytest-xdist (scripts/test.sh: --dist loadgroup) the PostgreSQL tests share one server database whose
-    # peagle_* tables they drop and create (tests/test_store_contract.py): one worker runs them all, in turn.
-    for item in items:
-        if item.get_closest_marker("postgres"):
-            item.add_marker(pytest.mark.xdist_group("postgres"))
-
-
 def launch_counts(path: Path) -> Counter[str]:
     """Engine launches per test file in a launch log (lines outside any test count under "(no test)")."""
     counts: Counter[str] = Counter()
