@@ -198,7 +198,8 @@ def test_a_record_with_thousands_of_unknown_keys_gets_a_short_message(tmp_path: 
     path = _write(tmp_path, "w.jsonl", json.dumps(record) + "\n")
     with pytest.raises(WorkloadError, match=r"unknown keys \[.*\.\.\. \(5000 in all\)\]") as info:
         load_workload(path)
-    assert len(str(info.value)) < MAX_MESSAGE
+    # What the message adds to the file's path (the user's; 10 characters longer under pytest-xdist) is bounded.
+    assert len(str(info.value).replace(str(path), "")) < MAX_MESSAGE
 
 
 def test_policy_and_plugin_config_json_are_bounded_too(tmp_path: Path) -> None:
