@@ -12,13 +12,14 @@ run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, uniproc executor): every r
 step, so the step sequence, and with it every draft count, is reproducible run to run and comparable across runs.
 (With the engine core in its own process, requests reach it while it already steps, and the first batches, hence the
 plan's depth per step, vary by a draft or two between launches.) ``multiproc`` repeats ``lowered`` with the engine
-core and vLLM's multiprocess executor in their own processes, checked on its own. A launch without speculation gives
-the reference outputs. Three ``mixed-*`` launches alternate predictable and entropic prompts, the entropic class
-capped at depth 0 (static mode): entropic requests join batches whose predictable requests draft, with the worker
-leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them (``mixed-read``), and with
-vLLM's prefix caching on: ``mixed-cached`` (prompts left out, their blocks kept out of the cache by the engine core)
-and ``mixed-cached-read`` (the guard off: every prompt read). ``reuse`` runs one prompt through the prefix cache as
-a class at depth 0, then at K (`_drive_reuse`). One engine at a time, ~20-40 s each on 2 cores.
+core and vLLM's multiprocess executor in their own processes, checked on its own. One launch without speculation
+gives the reference outputs of both prompt sets. Four ``mixed-*`` launches alternate predictable and entropic
+prompts, the entropic class capped at depth 0 (static mode): entropic requests join batches whose predictable
+requests draft, with the worker leaving their prompts out of the drafter's pass (``mixed-deferred``) or reading them
+(``mixed-read``), and with vLLM's prefix caching on: ``mixed-cached`` (prompts left out, their blocks kept out of
+the cache by the engine core) and ``mixed-cached-read`` (the guard off: every prompt read). ``reuse`` runs one
+prompt through the prefix cache as a class at depth 0, then at K (`_drive_reuse`). One engine at a time, ~20-40 s
+each on 2 cores.
 
 This file is also the engine driver: ``python tests/test_drafter_width_vllm.py JOB.json RESULT.json``.
 """
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from autotune.engine._launch_log import note_launch
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("PEAGLE_TEST_MODELS", REPO / "tests" / "fixtures" / "models"))
@@ -86,9 +89,9 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
     over the measured phase and the workers' drafter-width counters."""
     if not job.get("multiproc"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    from policies.plugin import CLASS_KEY, PHASE_KEY, engine_kwargs
+    from policies.plugin import engine_kwargs
     from policies.plugin.drafter_width import DRAFTER_WIDTH_STATES
 
     kwargs: dict[str, Any] = {
@@ -104,24 +107,13 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
         kwargs.update(engine_kwargs(async_scheduling=False))
         if not job.get("extension", True):
             del kwargs["worker_extension_cls"]
+    note_launch(f"drafter-width {job.get('name', '')}")
     llm = LLM(**kwargs)
     if job.get("reuse"):
         return _drive_reuse(llm)
-    labelled = _labelled("mixed" if job.get("mixed") else job.get("class", "predictable"),
-                         job.get("num_prompts", NUM_PROMPTS))
-    prompts = [p for p, _ in labelled]
-    llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=8)] * 2, use_tqdm=False)  # warm-up
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
-                             extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
-              for n, (_, cls) in zip(_lengths(len(prompts), job.get("max_tokens", MAX_TOKENS)), labelled, strict=True)]
-    drafts0, per_pos0 = _spec_counters(llm)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    drafts1, per_pos1 = _spec_counters(llm)
-    result: dict[str, Any] = {
-        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
-        "drafts": drafts1 - drafts0,
-        "accepted_per_position": [b - a for a, b in zip(per_pos0 or [0] * len(per_pos1), per_pos1, strict=True)],
-    }
+    result = _generate(llm, job)
+    if job.get("then_mixed"):  # the same engine then runs the mixed prompts (no prefix caching: as a fresh one would)
+        result["mixed"] = _generate(llm, {**job, "mixed": True})
     try:
         result["workers"] = llm.collective_rpc("peagle_drafter_width_counters")
     except Exception as exc:  # the engine without the extension has no such method
@@ -133,6 +125,29 @@ def drive(job: dict[str, Any]) -> dict[str, Any]:
             s for s in DRAFTER_WIDTH_STATES
             if REGISTRY.get_sample_value("peagle:drafter_width_state", {"engine": "0", "state": s}) == 1]]
     return result
+
+
+def _generate(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """A warm-up, then the job's prompts at staggered lengths: outputs and vLLM's spec counters over them."""
+    from vllm import SamplingParams
+
+    from policies.plugin import CLASS_KEY, PHASE_KEY
+
+    labelled = _labelled("mixed" if job.get("mixed") else job.get("class", "predictable"),
+                         job.get("num_prompts", NUM_PROMPTS))
+    prompts = [p for p, _ in labelled]
+    llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=8)] * 2, use_tqdm=False)  # warm-up
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                             extra_args={CLASS_KEY: cls, PHASE_KEY: "measure"})
+              for n, (_, cls) in zip(_lengths(len(prompts), job.get("max_tokens", MAX_TOKENS)), labelled, strict=True)]
+    drafts0, per_pos0 = _spec_counters(llm)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    drafts1, per_pos1 = _spec_counters(llm)
+    return {
+        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+        "drafts": drafts1 - drafts0,
+        "accepted_per_position": [b - a for a, b in zip(per_pos0 or [0] * len(per_pos1), per_pos1, strict=True)],
+    }
 
 
 REUSE_MAX_TOKENS = 40
@@ -176,7 +191,7 @@ def launch(tmp: Path, name: str, *, plugin: dict[str, Any] | None = None, **job:
 
         config = PluginConfig.from_dict({**plugin, "stats_path": str(stats_path)})
         env[CONFIG_ENV] = str(config.save(work / "plugin.json"))
-    job = {"target": str(MODELS / "target"), "drafter": str(MODELS / "drafter-1l"), **job}
+    job = {"target": str(MODELS / "target"), "drafter": str(MODELS / "drafter-1l"), "name": name, **job}
     (work / "job.json").write_text(json.dumps(job))
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), str(work / "job.json"), str(work / "result.json")],
@@ -203,13 +218,12 @@ REUSE_PLUGIN: dict[str, Any] = {"mode": "static", "class_depths": {"first": 0}}
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("drafter-width")
     out = {
-        "none": launch(tmp, "none", k=0),
+        "none": launch(tmp, "none", k=0, then_mixed=True),  # both references from one engine: no plugin, no cache
         "lowered": launch(tmp, "lowered", k=K, plugin=PLAN_PLUGIN),
         "trimmed": launch(tmp, "trimmed", k=K, plugin={**PLAN_PLUGIN, "drafter_width": {"enabled": False}}),
         "absent": launch(tmp, "absent", k=K, plugin=PLAN_PLUGIN, extension=False),
         "fault": launch(tmp, "fault", k=K, plugin={**PLAN_PLUGIN, "drafter_width": {"fault": "propose"}}),
         "multiproc": launch(tmp, "multiproc", k=K, plugin=PLAN_PLUGIN, multiproc=True),
-        "mixed-none": launch(tmp, "mixed-none", k=0, mixed=True),
         "mixed-deferred": launch(tmp, "mixed-deferred", k=K, plugin=MIXED_PLUGIN, mixed=True),
         "mixed-read": launch(tmp, "mixed-read", k=K, plugin={**MIXED_PLUGIN, "drafter_width": {
             "defer_idle_prompts": False}}, mixed=True),
@@ -218,6 +232,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
             "prefix_cache_guard": False}}, mixed=True, prefix_caching=True),
         "reuse": launch(tmp, "reuse", k=K, plugin=REUSE_PLUGIN, reuse=True, prefix_caching=True),
     }
+    out["mixed-none"] = out["none"]["mixed"]
     summary = os.environ.get("PEAGLE_DRAFTER_WIDTH_SUMMARY")  # where to write the measured figures (optional)
     if summary:
         Path(summary).write_text(json.dumps(_summary(out), indent=1))
