@@ -56,6 +56,7 @@ def static_ks() -> dict[int, int]:
 
 
 @pytest.mark.parametrize("objective", ["throughput", "pareto"])
+@pytest.mark.slow
 def test_every_output_names_the_searched_pick(tmp_path: Path, objective: str, static_ks: dict[int, int]) -> None:
     db = tmp_path / "p.db"
     run = _search(db, "--objective", objective)

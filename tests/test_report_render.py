@@ -100,6 +100,7 @@ def page(db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "index.html"
 
 
+@pytest.mark.slow
 def test_report_writes_valid_pngs_beside_the_page(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     images = re.findall(r'<img src="([^"]+)"', text)

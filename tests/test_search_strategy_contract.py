@@ -127,6 +127,7 @@ def test_its_initial_configs_are_distinct_configs_of_the_space(tmp_path: Path, n
     assert all(SPACE.contains(c) for c in configs) and len(configs) == len(set(configs))
 
 
+@pytest.mark.slow
 def test_the_first_run_is_reproducible(tmp_path: Path, name: str) -> None:
     runs = []
     for i in range(2):
@@ -137,6 +138,7 @@ def test_the_first_run_is_reproducible(tmp_path: Path, name: str) -> None:
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
 def test_a_finished_study_resumes_without_measuring_again(tmp_path: Path, name: str) -> None:
     first = search(tmp_path, make_strategy(name), Counting()).run_scenario(SCENARIO)
     backend = Counting()

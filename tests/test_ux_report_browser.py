@@ -163,6 +163,7 @@ def check_in_browser(page: Path, shot: Path) -> tuple[list[str], list[str], int]
         browser.close()
 
 
+@pytest.mark.slow
 def test_report_renders_without_errors_or_missing_images(report_dir: Path, tmp_path: Path) -> None:
     shot = report_dir / "screenshot.png"
     errors, broken, count = check_in_browser(report_dir / "index.html", shot)
@@ -214,6 +215,7 @@ DRAFTER_TABLES = ("Array.from(document.querySelectorAll('table.drafters')).map(t
                   "recommended: r.classList.contains('recommended')})))")
 
 
+@pytest.mark.slow
 def test_the_report_compares_p_eagle_with_eagle3_per_concurrency(
     comparison_dir: tuple[Path, dict[str, list[dict[str, Any]]]], tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def test_the_command_list_says_what_each_command_says_of_itself(name: str) -> No
 
 
 @pytest.mark.parametrize("fmt", ["vllm-json", "vllm-args", "yaml", "schedule"])
+@pytest.mark.slow
 def test_export_imports_nothing_heavy(db: str, fmt: str) -> None:
     assert heavy_imports("export", "--format", fmt, "--db", db) == []
 
