@@ -18,13 +18,15 @@ from autotune.errors import UsageError
 #: What `startup_s` assumes, said with every estimate.
 STARTUP_BASIS = {
     True: "~90 s of compile and CUDA-graph capture plus weights read at ~1 GB/s per launch",
-    False: "~40 s per launch on a CPU plus weights read at ~0.5 GB/s",
+    False: "~100 s per launch on a CPU plus weights read at ~0.5 GB/s",
 }
 
 
 def startup_s(weight_bytes: float, on_gpu: bool) -> float:
-    """Seconds one engine launch takes to start (assumed, `STARTUP_BASIS`). Example: 66 GB on a GPU -> 156 s."""
-    return 90 + weight_bytes / 1e9 if on_gpu else 40 + weight_bytes / 0.5e9
+    """Seconds one engine launch takes to start (assumed, `STARTUP_BASIS`). Example: 66 GB on a GPU -> 156 s.
+    On a CPU: a search of the fixtures (3 launches of 2 MB models, phases of a few tokens) took 313 s on 2 cores
+    with vLLM 0.32's CPU build, ~100 s a launch."""
+    return 90 + weight_bytes / 1e9 if on_gpu else 100 + weight_bytes / 0.5e9
 
 
 def parse_gpus(text: str) -> list[str]:
