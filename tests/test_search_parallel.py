@@ -117,6 +117,7 @@ def _starts(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+@pytest.mark.slow  # two worker processes, ~7 s
 def test_killing_one_worker_loses_nothing_the_other_finished(tmp_path: Path) -> None:
     url, log = f"sqlite:///{tmp_path / 'q.db'}", tmp_path / "starts.jsonl"
     queue = LaunchQueue(url, "q-launches")
