@@ -147,6 +147,7 @@ def show(
             out.print(_tables.recommendations_view(rows, wide=wide))
             for row in rows:
                 if row.get("benchmarks"):
+                    out.print()
                     out.print(_tables.bench_view(row, row["benchmarks"]))
 
 
