@@ -331,7 +331,7 @@ def test_long_drafter_names_get_short_aliases_and_a_legend(qwen_db: tuple[str, s
     _, out = qwen_db
     tables = out[out.index("best config per concurrency"):out.index("Rule:")]
     assert_fits(tables)
-    rows = [line for line in tables.splitlines() if re.search(r"\s(on|off)\s+\d+\s+\d+\s+[\d.]+", line)]
+    rows = [line for line in tables.splitlines() if re.search(r"\s(on|off)\s+\d+\s+\d+q?\s+[\d.]+", line)]
     # An indented line is a row or a header: no cell wrapped onto a line of its own (titles and legends are flush).
     for line in tables.splitlines():
         if line.startswith(" ") and line.strip() and not line.lstrip().startswith("c "):
