@@ -100,8 +100,8 @@ def profile(
 
     \b
     Example:
-      peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l --workload sample-mixed --max-k 8
-      peagle-tune profile --model ./target --drafter ./drafter-1l --workload sample-mixed --concurrency 1,8 --baseline --json
+      peagle-tune profile --model ./target --drafter ./drafter-1l --drafter ./drafter-2l --workload sample-mixed
+      peagle-tune profile --model ./target --drafter ./drafter-1l --workload sample-mixed --concurrency 1,8 --baseline
     """
     from autotune.cli._progress import launch_progress
     from autotune.profiling import profile as run_profile
