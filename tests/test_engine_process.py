@@ -127,9 +127,12 @@ def test_kill_process_group_ends_children_of_the_leader(tmp_path: Path, grace_s:
 
 
 # Starts an engine-like group (a command with a child of its own), prints the group id, then waits to be killed.
+# SIGHUP at its default action, as for a command in a terminal (under `nohup`, or a runner that ignores SIGHUP, the
+# child would inherit SIG_IGN and outlive the hang-up, as `nohup` intends).
 PARENT = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 from autotune.engine import start_process_group
 engine = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \\
     "time.sleep(600)"
