@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from hub_cache import build_hub_cache, use_hub_cache
 
+from autotune.fit import CHAT_TEMPLATE_TOKENS
+
 FIXTURE_DATASETS = Path(__file__).resolve().parent / "fixtures" / "datasets"
 #: Repo id -> (fixture rows, the file the repo holds them in).
 DATASET_REPOS: dict[str, tuple[Path, str]] = {
@@ -24,6 +26,12 @@ DATASET_REPOS: dict[str, tuple[Path, str]] = {
                                 "openai_humaneval/test-00000-of-00001.parquet"),
     "openai/gsm8k": (FIXTURE_DATASETS / "gsm8k" / "test.jsonl", "main/test-00000-of-00001.parquet"),
 }
+
+
+def chat_input_tokens(prompt: str) -> int:
+    """What the search counts for a chat prompt with the fixture's byte tokenizer: "user: " + the prompt in UTF-8
+    bytes, <bos>, and the chat template's allowance (`autotune.fit.CHAT_TEMPLATE_TOKENS`)."""
+    return len(f"user: {prompt}".encode()) + 1 + CHAT_TEMPLATE_TOKENS
 
 
 def fixture_rows(repo_id: str) -> list[dict[str, object]]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from datasets_cache import build_datasets_cache, chat_input_tokens, fixture_rows
 from hub_cache import (  # noqa: F401
     STANDARD_REPOS,
     HubCache,
@@ -28,6 +29,7 @@ from hub_cache import (  # noqa: F401
 from autotune.backends.vllm import vllm_available
 from autotune.catalogs import clear_catalogs
 from autotune.cli import main
+from autotune.workloads import load_workload
 from store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,28 +45,37 @@ def _no_user_catalogs(monkeypatch: pytest.MonkeyPatch) -> Any:
     clear_catalogs()
 
 
-def _search(tmp_path: Path, *args: str, workload: Path = WORKLOAD) -> Any:
+def _search(tmp_path: Path, *args: str, workload: Path | str = WORKLOAD) -> Any:
     return CliRunner().invoke(main, ["search", "--workload", str(workload), "--db", str(tmp_path / "p.db"), *args])
+
+
+#: The smallest measurement of a benchmark dataset: MT-Bench's first 2 prompts, 8 output tokens each.
+SMALL_DATASET = "hf:mt-bench,prompts=2,output-len=8"
 
 
 @pytest.mark.vllm
 @needs_vllm
-def test_a_repo_id_is_measured_with_one_launch_per_drafter(tmp_path: Path, hub_cache: HubCache) -> None:
-    # A mechanism (launches, provenance, the confirmation), not a figure: 4 prompts per class at their full 48
-    # tokens and the file's mix of classes, so each phase at concurrency 1 runs max(8 prompts, 4 x concurrency) = 8
-    # requests, not the file's 48. (With 2 prompts of 16 tokens no speculation measured best: no confirmation ran.)
-    rows = [json.loads(line) for line in WORKLOAD.read_text().splitlines() if line.strip()]
-    small = [r for c in ("predictable", "entropic") for r in [x for x in rows if x["class"] == c][:4]]
-    workload = tmp_path / "small.jsonl"
-    workload.write_text("".join(json.dumps(r) + "\n" for r in small))
+def test_a_repo_id_is_measured_on_a_dataset_with_one_launch_per_drafter(tmp_path: Path, hub_cache: HubCache) -> None:
+    # A mechanism (launches, provenance, the confirmation, the dataset's prompts), not a figure: MT-Bench (the
+    # datasets are in the same offline cache as the models) cut to 2 prompts of 8 tokens, so each phase at
+    # concurrency 1 runs max(8 prompts, 4 x concurrency) = 8 requests.
+    build_datasets_cache(hub_cache.root)
     result = _search(tmp_path, "--model", "org/target", "--drafter", "org/drafter-1l", "--concurrency", "1",
-                     "--max-k", "2", "--parallel-drafting", "on", "--json", workload=workload)
+                     "--max-k", "2", "--parallel-drafting", "on", "--json", workload=SMALL_DATASET)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["backend"] == "vllm" and doc["strategy"] == "grid"
     notes = "\n".join(doc["notes"])
     assert "Checkpoint: org/target: in the Hugging Face cache" in notes and "nothing to download" in notes
     assert "Launches planned: 2" in notes  # the drafter (parallel drafting) and no speculation
+    # Measured on the dataset's prompts (issue 41): every output names the dataset and its token lengths.
+    turns = [str(row["turns"][0]) for row in fixture_rows("philschmid/mt-bench")[:2]]  # type: ignore[index]
+    lengths = sorted(chat_input_tokens(t) for t in turns)
+    detail = doc["workload_detail"]
+    assert doc["workload"] == SMALL_DATASET and detail["source"] == "hf:philschmid/mt-bench"
+    assert detail["prompts"] == 2 and detail["output_tokens"] == {"min": 8, "max": 8}
+    assert (detail["input_tokens"]["min"], detail["input_tokens"]["max"]) == (lengths[0], lengths[-1])
+    assert any(n.startswith(f"Workload: {SMALL_DATASET}: MT-Bench") for n in doc["notes"])
     scenario = doc["scenarios"][0]
     assert scenario["provenance"]["kind"] == "measured" and scenario["provenance"]["backend"] == "vllm"
     best, confirmation = scenario["best_config"], scenario["confirmation"]
@@ -81,8 +92,10 @@ def test_a_repo_id_is_measured_with_one_launch_per_drafter(tmp_path: Path, hub_c
             assert scenario["output_tokens_per_s"] == confirmation["fresh_tokens_per_s"]
         else:
             assert best["method"] == "none" and "loses to no speculation" in confirmation["why"]
-    stored = Store(f"sqlite:///{tmp_path / 'p.db'}").list_recommendations(model="org/target")
-    assert [r.id for r in stored] == [scenario["recommendation_id"]]
+    # One recommendation, stored for the dataset's content.
+    [stored] = Store(f"sqlite:///{tmp_path / 'p.db'}").list_recommendations(model="org/target")
+    assert stored.id == scenario["recommendation_id"]
+    assert stored.workload_name == SMALL_DATASET and stored.workload_hash == load_workload(SMALL_DATASET).content_hash()
 
 
 def _catalog_file(tmp_path: Path) -> Path:
