@@ -30,6 +30,7 @@ from autotune.engine._process import free_port
 from autotune.serving import LiveRecorder, build_launch, resolve_tuned_config, run_server
 from policies import ClassPolicy, PolicyFile, RequestPolicy, StepCostModel
 from policies.plugin import PluginStats
+from policies.plugin.metrics import METRIC_NAMES
 from store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,6 +215,10 @@ def test_serve_applies_class_depths_records_live_profiles_and_survives_controlle
                          metrics, re.M)
     assert not re.search(r'^peagle:\w+\{class="no-such-class"', metrics, re.M)
     assert re.search(r"^vllm:spec_decode_num_drafts_total\{", metrics, re.M)  # vLLM's own metrics still there
+    # Every peagle series served is one the dashboard, the alert rules and docs/observability.md are checked against
+    # (tests/test_examples.py derives those from METRIC_NAMES through the same multiprocess registry).
+    served = {name.removesuffix("_total") for name in re.findall(r"^(peagle:\w+)[{ ]", metrics, re.M)}
+    assert served and served <= set(METRIC_NAMES), served - set(METRIC_NAMES)
     # Drafter-width control is in effect (the worker extension installed in the V1 runner serve pins).
     assert re.search(r'^peagle:drafter_width_active\{engine="0"\} 1\.0$', metrics, re.M), metrics[-3000:]
     assert re.search(r'^peagle:drafter_width_state\{engine="0",state="active"\} 1\.0$', metrics, re.M)
