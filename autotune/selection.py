@@ -1,21 +1,14 @@
 """Which stored recommendation a command means: the one rule `serve`, `export` and `show` select by.
 
-Pure: it reads records (`store.RecommendationRecord`s, or anything with their attributes) and returns a choice or
-raises; the CLI fetches the records and draws the candidates. The rule:
-
-- filters: model, GPU (any name of a catalog GPU; "cpu"), workload, objective (``latency`` matches every latency
-  recommendation, ``latency-tpot12`` only that SLO; names as `Objective.slug` writes them) and concurrency. A filter
-  that leaves nothing is `NotFoundError` naming what is stored (with the closest names); a name no catalog or
-  objective has is a `UsageError`.
-- a *search* is the recommendations of one model, GPU, workload, objective with its SLOs, and kind of figures
-  (predicted or measured); per concurrency its newest recommendation stands (a re-run supersedes).
-- `choose_one`: one recommendation. When the candidates left differ in config, `Ambiguous` lists them and names
-  the options that tell them apart (never the newest silently); when they hold the same config the newest is it.
-- `choose_search`: one search, for a server or a batch-size schedule: its highest concurrency's recommendation
-  (whose max_num_seqs covers every load searched and whose schedule gives K per batch size). Several searches
-  that differ in that config or schedule, or that were run for different GPUs, are `Ambiguous`.
-- `drafter_by_load`: where no one drafter is best at every load of the chosen search, each load's best and the
-  figures of the served drafter and of the others there.
+Pure: it reads records (`store.RecommendationRecord`s or alike) and returns a choice or raises. Filters: model, GPU,
+workload, objective (``latency`` matches every latency recommendation, ``latency-tpot12`` only that SLO) and
+concurrency; one that leaves nothing is `NotFoundError` naming what is stored. A *search* is the recommendations of
+one model, GPU, workload, objective and kind of figures; per concurrency its newest stands.
+- `choose_one`: one recommendation; candidates that differ in config are `Ambiguous`, naming the options that tell
+  them apart (never the newest silently).
+- `choose_search`: one search for a server or a schedule (its highest concurrency's recommendation); searches that
+  differ in that config or schedule, or ran for different GPUs, are `Ambiguous`.
+- `drafter_by_load`: where no one drafter is best at every load, each load's best and what the others reach there.
 """
 
 from __future__ import annotations

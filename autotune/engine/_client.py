@@ -1,19 +1,14 @@
 """The streaming client of serve-mode measurements: ``/v1/chat/completions`` or ``/v1/completions`` (streaming) and
 ``/metrics``.
 
-Prompts go as they are served (`WorkloadRequest.is_chat`, the property offline measurement decides by too): chat
-requests post their messages to ``/v1/chat/completions``, so the model's chat template (harmony for gpt-oss)
-applies on the server; raw-text requests post their prompt to ``/v1/completions``. Both stream with the same
-``max_tokens``, ``temperature`` and ``ignore_eos``.
-
-Measured per request, on the client's clock (so it includes HTTP and detokenisation, unlike offline mode):
-- TTFT (ms): request sent -> first streamed chunk;
-- TPOT (ms): (last chunk - first chunk) / (completion tokens - 1), completion tokens from the final usage chunk;
-- ITL (ms): gaps between streamed chunks. One engine step streams one chunk, so with speculation a chunk carries
-  several tokens and ITL is per step, not per token.
-Load: closed loop at ``concurrency`` requests in flight, or (``request_rate`` set) Poisson arrivals at that rate
-with at most ``concurrency`` in flight. A warm-up or measured class with no streamed chunk for ``stall_s`` raises
-`EngineStalled` (`autotune.engine._stall`); each class reports its longest gap between chunks (``max_gap_s``).
+Prompts go as they are served (`WorkloadRequest.is_chat`): chat requests to ``/v1/chat/completions`` (the model's
+chat template applies on the server), raw text to ``/v1/completions``, both streamed with the same ``max_tokens``,
+``temperature`` and ``ignore_eos``. Per request, on the client's clock (HTTP and detokenisation included): TTFT
+(sent -> first chunk), TPOT ((last - first chunk) / (completion tokens - 1)) and ITL (gaps between chunks: one
+engine step streams one chunk, so with speculation ITL is per step, not per token). Load: closed loop at
+``concurrency`` in flight, or Poisson arrivals at ``request_rate`` with at most ``concurrency`` in flight. A class
+with no streamed chunk for ``stall_s`` raises `EngineStalled` (`autotune.engine._stall`); each class reports its
+longest gap between chunks (``max_gap_s``).
 """
 
 from __future__ import annotations

@@ -4,13 +4,11 @@ Job keys besides the harness's: ``classes`` ({class: [request dicts]}), ``warmup
 ``return_outputs``. Result: ``"classes": {class: {"wall_s", "num_requests", "output_tokens", "prompt_tokens",
 "ttft_ms", "tpot_ms", "max_gap_s", "spec", "outputs"?}}`` and the timings ``warmup_s`` and ``measure_s``.
 
-Measured per request (from ``RequestOutput.metrics``, a ``RequestStateStats``; engine-core monotonic clock):
-- TTFT (ms) = ``first_token_ts - scheduled_ts``: from the step that first schedules the request to its first
-  token. All prompts are queued at once, so waiting for a free slot (which a closed-loop client at the same
-  concurrency would spend before sending) is excluded.
-- TPOT (ms) = ``(last_token_ts - first_token_ts) / (generated tokens - 1)``, for requests with >= 2 tokens.
-Speculative counters are deltas of ``LLM.get_metrics()`` around each class's measured sub-phase. ``max_gap_s`` is
-the longest time without an engine step in it (a stall when above the bound, `autotune.engine._stall.stall_in`).
+Per request (``RequestOutput.metrics``, engine-core clock): TTFT = ``first_token_ts - scheduled_ts`` (all prompts
+are queued at once, so waiting for a free slot is excluded); TPOT = ``(last_token_ts - first_token_ts) /
+(generated tokens - 1)``. Speculative counters are deltas of ``LLM.get_metrics()`` around each class's measured
+sub-phase; ``max_gap_s`` is the longest time without an engine step (a stall above the bound,
+`autotune.engine._stall.stall_in`).
 """
 
 from __future__ import annotations
