@@ -106,8 +106,23 @@ def head_revision() -> str:
     return heads[0]
 
 
+_PARSED: dict[tuple[str, int, int], dict[str, Any]] = {}
+_PARSE_LOCK = threading.Lock()
+
+
 def _revision_names(path: Path) -> dict[str, Any]:
-    """The module-level ``revision`` and ``down_revision`` literals of a migration file."""
+    """The module-level ``revision`` and ``down_revision`` literals of a migration file, parsed once per file
+    version (every store open asks) and under a lock: CPython 3.11's ``ast.parse`` in several threads at once can
+    fail with "AST constructor recursion depth mismatch"."""
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    with _PARSE_LOCK:
+        if key not in _PARSED:
+            _PARSED[key] = _parse_revision_names(path)
+        return dict(_PARSED[key])
+
+
+def _parse_revision_names(path: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     target: ast.expr
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
